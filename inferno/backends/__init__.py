@@ -1,0 +1,53 @@
+"""Backend registry: names to classes, imported lazily so the CPU backends never need torch."""
+
+from __future__ import annotations
+
+import importlib
+from typing import NamedTuple
+
+from inferno.backends.base import OPS, Backend
+from inferno.errors import InfernoError
+
+
+class Entry(NamedTuple):
+    module: str
+    cls: str
+    needs: str  # what to install when the import fails
+    options: tuple[str, ...] = ()  # keyword options the constructor takes
+
+
+REGISTRY = {
+    "cpu": Entry("inferno.backends.cpu", "CpuBackend", "numpy"),
+    "simd": Entry("inferno.backends.simd", "SimdBackend", "numba and scipy"),
+    "pool": Entry("inferno.backends.pool", "PoolBackend", "numba and scipy", ("threads",)),
+    "torch": Entry("inferno.backends.torch_backend", "TorchBackend",
+                   "torch: pip install 'inferno[torch]'", ("device", "dtype")),
+    "gpu": Entry("inferno.backends.gpu", "GpuBackend",
+                 "torch and triton on CUDA: pip install 'inferno[gpu]'", ("dtype",)),
+}
+
+
+def backend_names() -> list[str]:
+    return list(REGISTRY)
+
+
+def create_backend(name: str, **options) -> Backend:
+    """Instantiate backend `name`. An option the backend does not take (threads, device, dtype)
+    is an error, not silently ignored; None means "not given"."""
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise InfernoError(f"unknown backend {name!r}; known backends: {', '.join(REGISTRY)}")
+    given = {k: v for k, v in options.items() if v is not None}
+    for key in given:
+        if key not in entry.options:
+            takers = [n for n, e in REGISTRY.items() if key in e.options]
+            raise InfernoError(f"--{key} does not apply to backend {name!r}"
+                               + (f" (only to: {', '.join(takers)})" if takers else ""))
+    try:
+        module = importlib.import_module(entry.module)
+    except ImportError as e:
+        raise InfernoError(f"backend {name!r} needs {entry.needs} ({e})") from None
+    return getattr(module, entry.cls)(**given)
+
+
+__all__ = ["OPS", "Backend", "REGISTRY", "backend_names", "create_backend"]

@@ -1,0 +1,223 @@
+"""The Backend contract, with a correct vectorised-numpy default for every op.
+
+A backend owns its tensor type and decides how each operation runs. The model (model/qwen3.py)
+calls nothing but these methods, which is what lets a backend swap an algorithm and lets the
+tracing backend count every call. Tensors are 2-D `[rows, features]` unless said otherwise;
+weights keep the Hugging Face `[out, in]` layout.
+
+The defaults here operate on float32 numpy arrays: the `cpu` backend is this class unchanged.
+A backend with another tensor type (torch) overrides every op.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+
+import numpy as np
+
+# Keys per streamed K/V tile (and query rows per block) in the flash defaults.
+TILE = 64
+
+# Every operation the model may call; the tracing backend times exactly these.
+OPS = (
+    "embedding", "linear", "matmul", "rms_norm", "rope_tables", "apply_rope", "silu_mul", "add",
+    "softmax_rows", "scale", "transpose_2d", "fill_strict_upper_tri", "copy_2d_from_cols",
+    "copy_2d_into_cols", "rows", "write_rows", "flash_attention_prefill",
+    "materialized_attention", "fused_attention",
+)
+
+
+class Backend:
+    """Reference implementations of every op, on float32 numpy arrays."""
+
+    name = "base"
+    device = "cpu"
+
+    # -- tensors at the edges ------------------------------------------------------------------
+    def from_numpy(self, a: np.ndarray):
+        """A float32 host array as this backend's tensor (for weights and activations)."""
+        return np.ascontiguousarray(a, dtype=np.float32)
+
+    def weight(self, w: np.ndarray):
+        """A `[out, in]` linear weight, stored in the layout this backend's linear reads fastest."""
+        return self.from_numpy(w)
+
+    def to_numpy(self, x) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32)
+
+    def zeros(self, rows: int, cols: int):
+        return np.zeros((rows, cols), dtype=np.float32)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (timing points call this); CPU backends are synchronous."""
+
+    def peak_memory_bytes(self) -> int:
+        """Peak memory of the run: the process's peak resident set on CPU backends."""
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+    def close(self) -> None:
+        """Release threads or device memory; the backend is unusable afterwards."""
+
+    # -- dense ops ------------------------------------------------------------------------------
+    def embedding(self, table, ids: np.ndarray):
+        """Rows of `table` [vocab, hidden] for token `ids` -> [len(ids), hidden]."""
+        return table[np.asarray(ids, dtype=np.int64)]
+
+    def linear(self, x, w):
+        """x [rows, in] @ w.T for w [out, in] -> [rows, out]; a matvec when rows == 1."""
+        return x @ w.T
+
+    def matmul(self, a, b):
+        """a [m, k] @ b [k, n] -> [m, n]."""
+        return a @ b
+
+    def rms_norm(self, x, w, eps: float):
+        """RMSNorm over each group of len(w) features: the whole row for a layer norm, each
+        head for Qwen3's q_norm/k_norm (x [rows, n * len(w)])."""
+        rows, width = x.shape
+        g = x.reshape(rows, width // w.shape[0], w.shape[0])
+        inv = 1.0 / np.sqrt(np.mean(g * g, axis=-1, keepdims=True) + eps)
+        return (g * inv * w).reshape(rows, width).astype(np.float32, copy=False)
+
+    def rope_tables(self, positions: np.ndarray, inv_freq: np.ndarray):
+        """cos and sin of position x frequency, each [len(positions), head_dim // 2]. Computed in
+        float64 then rounded, so long positions keep their precision."""
+        angles = np.outer(np.asarray(positions, dtype=np.float64), inv_freq)
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+    def apply_rope(self, x, cos, sin, head_dim: int):
+        """Rotate-half RoPE on every head of x [rows, n * head_dim]: the first and second half
+        of each head are the real and imaginary parts (the Hugging Face layout)."""
+        rows, width = x.shape
+        h = x.reshape(rows, width // head_dim, 2, head_dim // 2)
+        x1, x2 = h[:, :, 0], h[:, :, 1]  # [rows, n, head_dim // 2]
+        c, s = cos[:, None, :], sin[:, None, :]
+        out = np.empty_like(h)
+        out[:, :, 0] = x1 * c - x2 * s
+        out[:, :, 1] = x2 * c + x1 * s
+        return out.reshape(rows, width)
+
+    def silu_mul(self, gate, up):
+        """SwiGLU: silu(gate) * up."""
+        return gate / (1.0 + np.exp(-gate)) * up
+
+    def add(self, a, b):
+        return a + b
+
+    def softmax_rows(self, x):
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def scale(self, x, s: float):
+        return x * np.float32(s)
+
+    def transpose_2d(self, x):
+        return np.ascontiguousarray(x.T)
+
+    def fill_strict_upper_tri(self, x, value: float, offset: int = 0):
+        """Copy of x with every element above diagonal `offset` (col > row + offset) set."""
+        rows, cols = x.shape
+        above = np.arange(cols)[None, :] > np.arange(rows)[:, None] + offset
+        return np.where(above, np.float32(value), x)
+
+    def copy_2d_from_cols(self, x, width: int, col: int):
+        """Contiguous copy of columns col..col+width."""
+        return np.ascontiguousarray(x[:, col:col + width])
+
+    def copy_2d_into_cols(self, dst, src, col: int):
+        """Write src into dst's columns col..col+src.cols, in place; returns dst."""
+        dst[:, col:col + src.shape[1]] = src
+        return dst
+
+    def rows(self, x, start: int, stop: int):
+        """Rows start..stop of x (a view where the backend can)."""
+        return x[start:stop]
+
+    def write_rows(self, dst, src, start: int):
+        """dst[start:start + len(src)] = src, in place (KV cache appends)."""
+        dst[start:start + src.shape[0]] = src
+
+    # -- attention ------------------------------------------------------------------------------
+    def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
+                                causal: bool):
+        """softmax(q k^T / sqrt(head_dim)) v per head, streaming K/V in tiles of TILE keys with an
+        online softmax: never more than one tile of scores per query row.
+
+        q [seq_q, n_heads * head_dim]; k, v [seq_k, n_kv_heads * head_dim]; query head h reads KV
+        head h // (n_heads // n_kv_heads). With `causal` the diagonal is bottom-right aligned:
+        query row i sees keys 0..(seq_k - seq_q) + i, so a chunk after a cache works unchanged.
+        """
+        return online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal)
+
+    def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
+                        head_dim: int):
+        """Decode attention for the newest q.rows tokens, which sit at cache positions
+        kv_len - q.rows .. kv_len - 1, over the first kv_len rows of the cache. Same online
+        softmax as flash prefill; the cache is read in place, never copied."""
+        return online_softmax_attention(q, k_cache[:kv_len], v_cache[:kv_len], n_heads,
+                                        n_kv_heads, head_dim, causal=True)
+
+    def materialized_attention(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
+                               causal: bool):
+        """The textbook path, per head: scores = q k^T, scale, mask, softmax, @ v, all through
+        this backend's own ops. The reference flash is pinned to; `--flash off` runs it."""
+        seq_q, seq_k = q.shape[0], k.shape[0]
+        group = n_heads // n_kv_heads
+        out = self.zeros(seq_q, n_heads * head_dim)
+        for h in range(n_heads):
+            kv_col = (h // group) * head_dim
+            q_h = self.copy_2d_from_cols(q, head_dim, h * head_dim)  # [seq_q, head_dim]
+            k_h = self.copy_2d_from_cols(k, head_dim, kv_col)  # [seq_k, head_dim]
+            v_h = self.copy_2d_from_cols(v, head_dim, kv_col)  # [seq_k, head_dim]
+            scores = self.matmul(q_h, self.transpose_2d(k_h))  # [seq_q, seq_k]
+            scores = self.scale(scores, 1.0 / math.sqrt(head_dim))
+            if causal:
+                scores = self.fill_strict_upper_tri(scores, -math.inf, offset=seq_k - seq_q)
+            ctx = self.matmul(self.softmax_rows(scores), v_h)  # [seq_q, head_dim]
+            out = self.copy_2d_into_cols(out, ctx, h * head_dim)
+        return out
+
+
+def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, tile=TILE):
+    """Flash attention in numpy, vectorised over heads and a block of query rows.
+
+    Walks query blocks of `tile` rows and, for each, key tiles of `tile` keys. Per query row it
+    keeps the running max m, running sum l and accumulator acc; a tile that raises the max
+    rescales l and acc by exp(m_old - m_new). Causal attention is a loop bound at tile level
+    (tiles wholly in a block's future are never visited) plus an in-tile mask on the diagonal.
+    """
+    seq_q, seq_k = q.shape[0], k.shape[0]
+    offset = seq_k - seq_q  # bottom-right causal alignment
+    if causal and offset < 0:
+        raise ValueError(f"causal attention needs at least as many keys ({seq_k}) as queries ({seq_q})")
+    group = n_heads // n_kv_heads
+    scale = np.float32(1.0 / math.sqrt(head_dim))
+    # Heads that share a KV head sit together: [n_kv, group, seq_q, head_dim].
+    qh = q.reshape(seq_q, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+    kh = k.reshape(seq_k, n_kv_heads, 1, head_dim).transpose(1, 2, 0, 3)  # [n_kv, 1, seq_k, hd]
+    vh = v.reshape(seq_k, n_kv_heads, 1, head_dim).transpose(1, 2, 0, 3)
+    out = np.empty((n_kv_heads, group, seq_q, head_dim), dtype=np.float32)
+    for q0 in range(0, seq_q, tile):
+        q1 = min(q0 + tile, seq_q)
+        qb = qh[:, :, q0:q1] * scale  # [n_kv, group, bq, hd]
+        m = np.full(qb.shape[:-1] + (1,), -np.inf, dtype=np.float32)
+        l = np.zeros_like(m)
+        acc = np.zeros(qb.shape, dtype=np.float32)
+        k_end = offset + q1 if causal else seq_k  # the block's last row sees keys < k_end
+        for k0 in range(0, k_end, tile):
+            k1 = min(k0 + tile, k_end)
+            s = qb @ kh[:, :, k0:k1].swapaxes(-1, -2)  # [n_kv, group, bq, bk]: one tile of scores
+            if causal and k1 - 1 > offset + q0:  # the tile crosses this block's diagonal
+                future = np.arange(k0, k1)[None, :] > np.arange(q0, q1)[:, None] + offset
+                s = np.where(future, -np.inf, s)
+            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+            corr = np.exp(m - m_new)  # 1 where the max held, < 1 where this tile raised it
+            p = np.exp(s - m_new)
+            l = l * corr + p.sum(axis=-1, keepdims=True)
+            acc = acc * corr + p @ vh[:, :, k0:k1]
+            m = m_new
+        out[:, :, q0:q1] = acc / l
+    return out.transpose(2, 0, 1, 3).reshape(seq_q, n_heads * head_dim)

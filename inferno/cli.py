@@ -1,0 +1,152 @@
+"""`inferno generate | chat | bench | pull | list`: parse flags, call the engine, print.
+
+Generated text goes to stdout as it streams; stats, progress and errors go to stderr, so
+`inferno generate ... > answer.txt` captures just the answer. A user error (InfernoError) is
+one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from inferno.backends import backend_names
+from inferno.errors import InfernoError
+from inferno.model.sampling import SamplingParams
+
+EXIT_ERROR = 1
+
+_SAMPLING_DEFAULTS = SamplingParams()
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Flags every command that loads a model shares."""
+    p.add_argument("--model", "-m", default=None,
+                   help="model folder (config.json, *.safetensors, tokenizer.json)")
+    p.add_argument("--backend", "-b", default="cpu", choices=backend_names(),
+                   help="how every op runs")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="threads for the pool backend (default: the cores)")
+    p.add_argument("--device", default=None,
+                   help="torch backend device: cuda, mps or cpu (default: the first available)")
+    p.add_argument("--dtype", default=None, choices=["f32", "bf16"],
+                   help="torch/gpu backend weight dtype (default: f32)")
+    p.add_argument("--flash", default="on", choices=["on", "off"],
+                   help="off: prefill with materialized attention scores (for comparison)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    d = _SAMPLING_DEFAULTS
+    p.add_argument("--max-tokens", "-n", type=int, default=256, help="most tokens to generate")
+    p.add_argument("--temperature", "-t", type=float, default=d.temperature, help="0 is greedy")
+    p.add_argument("--top-k", type=int, default=d.top_k, help="keep the k likeliest tokens; 0 is off")
+    p.add_argument("--top-p", type=float, default=d.top_p, help="nucleus mass in (0, 1]; 1 is off")
+    p.add_argument("--min-p", type=float, default=d.min_p, help="drop tokens below min-p x the top probability; 0 is off")
+    p.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty, help="penalise repeated tokens; 1 is off")
+    p.add_argument("--seed", type=int, default=None, help="random seed; same seed, same output (default: random)")
+    p.add_argument("--system", default=None, help="system message for the chat template")
+    p.add_argument("--no-think", action="store_true", help="switch Qwen3 thinking off (enable_thinking=False)")
+    p.add_argument("--ctx-size", "-c", type=int, default=None,
+                   help="context size in tokens (default: the model's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inferno", description="Run Qwen3 and Llama-family LLMs on CPU or GPU backends.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+
+    g = sub.add_parser("generate", help="generate text from a prompt", formatter_class=fmt)
+    add_model_args(g)
+    g.add_argument("--prompt", "-p", required=True, help="prompt text, or - to read it from stdin")
+    add_sampling_args(g)
+    g.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
+    g.add_argument("--trace", action="store_true", help="print a histogram of every backend op after generation")
+    g.set_defaults(func=cmd_generate)
+    return parser
+
+
+def load_engine(args, trace: bool = False):
+    from inferno.engine import load
+    if args.model is None:
+        raise InfernoError("no --model given: pass a model folder")
+    return load(args.model, backend=args.backend, flash=args.flash == "on", trace=trace,
+                threads=args.threads, device=args.device, dtype=args.dtype)
+
+
+def sampling_options(args) -> dict:
+    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                seed=args.seed, ctx_size=args.ctx_size)
+
+
+def format_stats(r) -> str:
+    return "\n".join([
+        f"prefill: {r.prompt_tokens} prompt tokens, time to first token {r.ttft_s * 1e3:.1f} ms, "
+        f"{r.prefill_tokens_per_s:.1f} tokens/s",
+        f"decode: {r.generated_tokens} tokens, {r.decode_tokens_per_s:.1f} tokens/s",
+        f"memory: peak {r.peak_memory_bytes / 2**20:.0f} MiB",
+    ])
+
+
+def cmd_generate(args) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    # Validate the cheap things before the expensive load.
+    SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.seed)
+    if args.max_tokens < 1:
+        raise InfernoError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    engine = load_engine(args, trace=args.trace)
+    try:
+        print(f"load: {engine.load_s:.2f} s ({engine.source}, {engine.backend} backend)", file=sys.stderr)
+        stream = engine.stream(prompt, system=args.system, think=not args.no_think, raw=args.raw,
+                               **sampling_options(args))
+        if args.json:
+            for _ in stream:
+                pass
+            print(json.dumps({"text": stream.result.text, **_stats_dict(stream.result)}, ensure_ascii=False))
+        else:
+            for piece in stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        print(format_stats(stream.result), file=sys.stderr)
+        if args.trace:
+            print(engine.ops.format_histogram(), file=sys.stderr)
+    finally:
+        engine.close()
+    return 0
+
+
+def _stats_dict(r) -> dict:
+    d = r.to_dict()
+    d.pop("text")
+    return d
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except InfernoError as e:
+        print(f"inferno: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

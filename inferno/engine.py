@@ -1,0 +1,206 @@
+"""Engine: a loaded model on a backend, with generation, streaming, logits and honest timing.
+
+    engine = inferno.load("path/to/model", backend="pool")
+    result = engine.generate("What is the capital of France?", max_tokens=64, temperature=0)
+    for piece in engine.stream("Tell me a story"):
+        print(piece, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from inferno.backends import create_backend
+from inferno.backends.tracing import TracingBackend
+from inferno.errors import InfernoError
+from inferno.model.loader import Checkpoint, open_checkpoint
+from inferno.model.qwen3 import Qwen3Model
+from inferno.model.sampling import SamplingParams, sample
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated ids, without the stop token
+    prompt_tokens: int
+    generated_tokens: int
+    ttft_s: float  # prompt in -> first token sampled (prefill + one sample)
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float  # tokens after the first, per second of decoding
+    peak_memory_bytes: int
+    stop_reason: str  # "eos" or "length"
+    decode_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Stream:
+    """Iterate for text pieces as they are generated; `result` is set once iteration ends."""
+
+    _pieces: Iterator[str]
+    result: GenerationResult | None = field(default=None)
+
+    def __iter__(self):
+        self.result = yield from self._pieces
+
+
+class Engine:
+    def __init__(self, checkpoint: Checkpoint, ops, flash: bool = True, load_s: float = 0.0):
+        self.config = checkpoint.config
+        self.tokenizer = checkpoint.tokenizer
+        self.source = checkpoint.source
+        self.file_format = checkpoint.file_format
+        self.ops = ops
+        self.backend = ops.name
+        # Bytes of weights one decode step reads (every matrix, one embedding row), as float32.
+        embed = checkpoint.tensors["model.embed_tokens.weight"]
+        total = sum(t.size for t in checkpoint.tensors.values()) * 4
+        self.weight_bytes_per_token = total - (0 if self.config.tie_word_embeddings else embed.size * 4) \
+            + embed.shape[1] * 4
+        t0 = time.perf_counter()
+        self.model = Qwen3Model(self.config, checkpoint.tensors, ops, flash=flash)
+        checkpoint.tensors.clear()  # the backend holds the weights now
+        self.load_s = load_s + time.perf_counter() - t0
+
+    # -- public API -----------------------------------------------------------------------------
+    def logits(self, token_ids) -> np.ndarray:
+        """Logits [len(token_ids), vocab] from one full uncached forward pass, float32."""
+        ids = self._check_ids(token_ids)
+        return self.ops.to_numpy(self.model.forward(ids))
+
+    def encode_prompt(self, prompt: str | list[dict], *, system: str | None = None,
+                      think: bool = True, raw: bool = False) -> list[int]:
+        """Token ids for a prompt: the chat template applied (a system message first, if given)
+        unless `raw`, or a model without a template. A list of messages is used as is."""
+        tok = self.tokenizer
+        if raw or not tok.chat_template:
+            if not isinstance(prompt, str):
+                raise InfernoError("a raw prompt must be text, not a list of messages")
+            return tok.encode(prompt, add_special_tokens=True)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if system is not None:
+            messages = [{"role": "system", "content": system}] + messages
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=think)
+        return tok.encode(text, add_special_tokens=False)
+
+    def generate(self, prompt: str | list[dict], *, on_text: Callable[[str], None] | None = None,
+                 **options) -> GenerationResult:
+        """Generate a reply. Options: max_tokens, temperature, top_k, top_p, min_p,
+        repeat_penalty, seed, system, think, raw, ctx_size. `on_text` receives each piece of
+        text as soon as it is complete (never half a UTF-8 character)."""
+        stream = self.stream(prompt, **options)
+        for piece in stream:
+            if on_text is not None:
+                on_text(piece)
+        return stream.result
+
+    def stream(self, prompt: str | list[dict] | None = None, *, prompt_ids: list[int] | None = None,
+               max_tokens: int = 256, system: str | None = None, think: bool = True,
+               raw: bool = False, ctx_size: int | None = None, **sampling) -> Stream:
+        """Like generate, as an iterator of text pieces; `.result` holds the stats afterwards."""
+        params = SamplingParams(**sampling)
+        if max_tokens < 1:
+            raise InfernoError(f"--max-tokens must be at least 1, got {max_tokens}")
+        if prompt_ids is None:
+            prompt_ids = self.encode_prompt(prompt, system=system, think=think, raw=raw)
+        ids = self._check_ids(prompt_ids)
+        if ids.size == 0:
+            raise InfernoError("the prompt is empty: give some text")
+        limit = self._context_limit(ctx_size)
+        if ids.size + max_tokens > limit:
+            raise InfernoError(
+                f"prompt ({ids.size} tokens) + --max-tokens ({max_tokens}) = {ids.size + max_tokens} "
+                f"exceeds the context of {limit} tokens: shorten the prompt or lower --max-tokens"
+                + ("" if ctx_size else f" (the model's context is {self.config.max_position_embeddings})"))
+        return Stream(self._generate(ids, max_tokens, params))
+
+    def close(self) -> None:
+        self.ops.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _context_limit(self, ctx_size: int | None) -> int:
+        model_max = self.config.max_position_embeddings
+        if ctx_size is None:
+            return model_max
+        if not 1 <= ctx_size <= model_max:
+            raise InfernoError(f"--ctx-size must be between 1 and the model's context ({model_max}), got {ctx_size}")
+        return ctx_size
+
+    def _check_ids(self, token_ids) -> np.ndarray:
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
+            raise InfernoError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
+        return ids
+
+    def _generate(self, ids: np.ndarray, max_tokens: int, params: SamplingParams):
+        ops, model = self.ops, self.model
+        rng = np.random.default_rng(params.seed)
+        eos = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
+        decoder = self.tokenizer.stream()
+        cache = model.new_cache(ids.size + max_tokens)
+        history = ids.tolist()
+
+        ops.synchronize()
+        t0 = time.perf_counter()
+        logits = ops.to_numpy(model.forward(ids, cache, last_only=True))[0]
+        token = sample(logits, params, rng, history)
+        t_first = time.perf_counter()
+        sampled = [token]
+        while token not in eos and len(sampled) < max_tokens:
+            piece = decoder.step(token)
+            if piece:
+                yield piece
+            history.append(token)
+            logits = ops.to_numpy(model.forward([token], cache, last_only=True))[0]
+            token = sample(logits, params, rng, history)
+            sampled.append(token)
+        stop_reason = "eos" if token in eos else "length"
+        if stop_reason == "length":
+            piece = decoder.step(token)
+            if piece:
+                yield piece
+        t_end = time.perf_counter()
+
+        generated = sampled[:-1] if stop_reason == "eos" else sampled
+        ttft = t_first - t0
+        decode_s = t_end - t_first
+        return GenerationResult(
+            text=self.tokenizer.decode(generated),
+            token_ids=generated,
+            prompt_tokens=int(ids.size),
+            generated_tokens=len(generated),
+            ttft_s=ttft,
+            prefill_tokens_per_s=ids.size / ttft if ttft > 0 else float("inf"),
+            decode_tokens_per_s=(len(sampled) - 1) / decode_s if decode_s > 0 and len(sampled) > 1 else 0.0,
+            peak_memory_bytes=ops.peak_memory_bytes(),
+            stop_reason=stop_reason,
+            decode_s=decode_s,
+        )
+
+
+def load(model: str, backend: str = "cpu", *, flash: bool = True, trace: bool = False,
+         progress: bool | None = None, **backend_options) -> Engine:
+    """Load `model` onto `backend` (cpu, simd, pool, torch, gpu). Backend options: threads
+    (pool), device and dtype (torch). `flash=False` runs prefill with materialized scores;
+    `trace=True` wraps the backend in the tracing backend (engine.ops.format_histogram())."""
+    if progress is None:
+        progress = sys.stderr.isatty()
+    t0 = time.perf_counter()
+    ops = create_backend(backend, **backend_options)
+    checkpoint = open_checkpoint(model, progress=progress)
+    if trace:
+        ops = TracingBackend(ops)
+    return Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0)

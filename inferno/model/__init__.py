@@ -1,0 +1,1 @@
+"""Model definition and everything around it: config, weights, tokenizer, cache, sampling."""

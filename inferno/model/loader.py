@@ -1,0 +1,66 @@
+"""Checkpoints: what a model file or folder holds, in one shape whatever the format.
+
+A checkpoint is a config, float32 tensors under Hugging Face names, and a tokenizer. A folder
+(config.json, *.safetensors, tokenizer.json) is read here; other sources produce the same shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from inferno.errors import InfernoError
+from inferno.model.config import ModelConfig
+from inferno.model.safetensors import load_folder_tensors
+from inferno.model.tokenizer import Tokenizer, read_json
+
+FOLDER_CONTENTS = "config.json, *.safetensors and tokenizer.json"
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    tensors: dict[str, np.ndarray]  # Hugging Face names, float32
+    tokenizer: Tokenizer
+    source: str  # where it came from, for messages
+    file_format: str = "safetensors"  # or "gguf"
+    metadata: dict = field(default_factory=dict)
+
+
+def progress_bar(enabled: bool):
+    """A tqdm wrapper on stderr when enabled, else None (loaders then iterate plainly)."""
+    if not enabled:
+        return None
+    from functools import partial
+
+    from tqdm import tqdm
+    return partial(tqdm, leave=False, dynamic_ncols=True)
+
+
+def load_hf_folder(folder: Path, progress: bool = False) -> Checkpoint:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InfernoError(f"model folder {folder} does not exist (it should hold {FOLDER_CONTENTS})")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise InfernoError(f"{folder}: no config.json (a model folder holds {FOLDER_CONTENTS})")
+    raw = read_json(config_path)
+    generation = read_json(folder / "generation_config.json")
+    extra_eos = generation.get("eos_token_id")
+    extra_eos = tuple(extra_eos) if isinstance(extra_eos, list) else ((extra_eos,) if extra_eos is not None else ())
+    config = ModelConfig.from_hf(raw, extra_eos=extra_eos)
+    tokenizer = Tokenizer.from_folder(folder, eos_ids=config.eos_token_ids)
+    tensors = load_folder_tensors(folder, progress_bar(progress))
+    return Checkpoint(config, tensors, tokenizer, source=str(folder))
+
+
+def open_checkpoint(model: str | Path, progress: bool = False) -> Checkpoint:
+    """Resolve `model` (a folder path) to a loaded checkpoint."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return load_hf_folder(path, progress)
+    if path.exists():
+        raise InfernoError(f"{path} is a file; a model is a folder holding {FOLDER_CONTENTS}")
+    raise InfernoError(f"model {model!r} not found: give a folder holding {FOLDER_CONTENTS}")
