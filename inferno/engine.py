@@ -159,26 +159,30 @@ class Engine:
         token = sample(logits, params, rng, history)
         t_first = time.perf_counter()
         sampled = [token]
+        emitted = []
         while token not in eos and len(sampled) < max_tokens:
             piece = decoder.step(token)
             if piece:
+                emitted.append(piece)
                 yield piece
             history.append(token)
             logits = ops.to_numpy(model.forward([token], cache, last_only=True))[0]
             token = sample(logits, params, rng, history)
             sampled.append(token)
-        stop_reason = "eos" if token in eos else "length"
-        if stop_reason == "length":
-            piece = decoder.step(token)
-            if piece:
-                yield piece
         t_end = time.perf_counter()
-
+        stop_reason = "eos" if token in eos else "length"
         generated = sampled[:-1] if stop_reason == "eos" else sampled
+        text = self.tokenizer.decode(generated)
+        # The stream holds back bytes of an unfinished character; at the end, whatever the full
+        # decode has beyond what was streamed (the last token, a dangling byte shown as U+FFFD)
+        # goes out, so the pieces always add up to result.text.
+        tail = text[len("".join(emitted)):]
+        if tail:
+            yield tail
         ttft = t_first - t0
         decode_s = t_end - t_first
         return GenerationResult(
-            text=self.tokenizer.decode(generated),
+            text=text,
             token_ids=generated,
             prompt_tokens=int(ids.size),
             generated_tokens=len(generated),
