@@ -23,7 +23,8 @@ REGISTRY = {
     "torch": Entry("inferno.backends.torch_backend", "TorchBackend",
                    "torch: pip install 'inferno[torch]'", ("device", "dtype")),
     "gpu": Entry("inferno.backends.gpu", "GpuBackend",
-                 "torch and triton on CUDA: pip install 'inferno[gpu]'", ("dtype",)),
+                 "torch and triton on CUDA: pip install 'inferno[gpu]'",
+                 ("dtype", "decode", "prefill")),
 }
 
 

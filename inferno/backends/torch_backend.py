@@ -1,0 +1,227 @@
+"""`torch`: every op in torch, on CUDA, MPS or the CPU.
+
+Weights go to the device once, as float32 or (dtype="bf16") bfloat16; activations and the KV
+cache follow the weights' dtype, while norms, RoPE and softmax compute in float32 and round
+back. Prefill attention keeps the materialized scores (matmul, scale, causal mask, softmax,
+matmul), all heads in one batched matmul per step: on a GPU those matmuls are the fast unit, and
+walking K/V tile by tile in Python-issued ops would trade them for many small launches (the
+Metal backend in the inferno.rs article refused flash for the same reason). Decode attention is
+the same algorithm over the cache, read in place.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from inferno.backends.base import Backend
+from inferno.errors import InfernoError
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+# Most bytes of float32 scores one materialized-attention step may hold; a longer prompt is
+# processed in chunks of query rows (each chunk still materializes whole score rows).
+SCORE_BYTES = 1 << 30
+
+
+def available_devices() -> list[str]:
+    found = []
+    if torch.cuda.is_available():
+        found.append("cuda" if torch.cuda.device_count() == 1 else
+                     f"cuda (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    if torch.backends.mps.is_available():
+        found.append("mps")
+    return found + ["cpu"]
+
+
+def pick_device(device: str | None) -> torch.device:
+    """cuda, then mps, then cpu; a named device must parse and exist."""
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        dev = None
+    ok = dev is not None and (
+        dev.type == "cpu"
+        or (dev.type == "cuda" and torch.cuda.is_available()
+            and (dev.index or 0) < torch.cuda.device_count())
+        or (dev.type == "mps" and torch.backends.mps.is_available() and not dev.index))
+    if not ok:
+        raise InfernoError(f"device {device!r} is not available here; available: "
+                           f"{', '.join(available_devices())}")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def pick_dtype(dtype: str | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if dtype not in DTYPES:
+        raise InfernoError(f"dtype {dtype!r} is not supported; choose one of: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, device: str | None = None, dtype: str | None = None):
+        self.device = pick_device(device)
+        self.dtype = pick_dtype(dtype)
+        self._last = (None, None)  # (host array, device tensor): tied embeddings convert once
+
+    # -- tensors at the edges ------------------------------------------------------------------
+    def from_numpy(self, a: np.ndarray):
+        if a is self._last[0]:
+            # lm_head tied to embed_tokens: the same host array twice in a row, one device copy.
+            return self._last[1]
+        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+        t = t.to(device=self.device, dtype=self.dtype)
+        self._last = (a, t)
+        return t
+
+    def weight(self, w: np.ndarray):
+        return self.from_numpy(w)  # [out, in] is what F.linear reads
+
+    def to_numpy(self, x) -> np.ndarray:
+        return x.detach().to(torch.float32).cpu().numpy()
+
+    def zeros(self, rows: int, cols: int):
+        return torch.zeros(rows, cols, dtype=self.dtype, device=self.device)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+    def peak_memory_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        if self.device.type == "mps":
+            return torch.mps.driver_allocated_memory()  # NOTE: current, MPS keeps no peak
+        return super().peak_memory_bytes()
+
+    def close(self) -> None:
+        self._last = (None, None)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        elif self.device.type == "mps":
+            torch.mps.empty_cache()
+
+    # -- dense ops ------------------------------------------------------------------------------
+    def embedding(self, table, ids: np.ndarray):
+        idx = torch.from_numpy(np.asarray(ids, dtype=np.int64)).to(self.device)
+        return table[idx]  # [len(ids), hidden]
+
+    def linear(self, x, w):
+        return F.linear(x, w)
+
+    def matmul(self, a, b):
+        return a @ b
+
+    def rms_norm(self, x, w, eps: float):
+        rows, width = x.shape
+        g = x.reshape(rows, width // w.shape[0], w.shape[0]).float()  # [rows, groups, len(w)]
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+        return g.reshape(rows, width).to(x.dtype)
+
+    def rope_tables(self, positions: np.ndarray, inv_freq: np.ndarray):
+        # Angles in float64 on the host (MPS has no float64), rounded once.
+        angles = np.outer(np.asarray(positions, dtype=np.float64), inv_freq)
+        cos = torch.from_numpy(np.cos(angles).astype(np.float32)).to(self.device)
+        sin = torch.from_numpy(np.sin(angles).astype(np.float32)).to(self.device)
+        return cos, sin  # each [len(positions), head_dim // 2], float32
+
+    def apply_rope(self, x, cos, sin, head_dim: int):
+        rows, width = x.shape
+        h = x.reshape(rows, width // head_dim, 2, head_dim // 2).float()
+        x1, x2 = h[:, :, 0], h[:, :, 1]  # [rows, n, head_dim // 2]
+        c, s = cos[:, None, :], sin[:, None, :]
+        out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=2)
+        return out.reshape(rows, width).to(x.dtype)
+
+    def silu_mul(self, gate, up):
+        return F.silu(gate) * up
+
+    def add(self, a, b):
+        return a + b
+
+    def softmax_rows(self, x):
+        return torch.softmax(x.float(), dim=1).to(x.dtype)
+
+    def scale(self, x, s: float):
+        return x * s
+
+    def transpose_2d(self, x):
+        return x.t().contiguous()
+
+    def fill_strict_upper_tri(self, x, value: float, offset: int = 0):
+        rows, cols = x.shape
+        above = torch.ones(rows, cols, dtype=torch.bool, device=x.device).triu(offset + 1)
+        return x.masked_fill(above, value)
+
+    def copy_2d_from_cols(self, x, width: int, col: int):
+        return x[:, col:col + width].contiguous()
+
+    def copy_2d_into_cols(self, dst, src, col: int):
+        dst[:, col:col + src.shape[1]] = src
+        return dst
+
+    def rows(self, x, start: int, stop: int):
+        return x[start:stop]  # a view
+
+    def write_rows(self, dst, src, start: int):
+        dst[start:start + src.shape[0]].copy_(src)
+
+    # -- attention ------------------------------------------------------------------------------
+    def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
+                                causal: bool):
+        """Not flash: materialized scores for every head at once (see the module docstring)."""
+        return materialized_gqa(q, k, v, n_heads, n_kv_heads, head_dim, causal)
+
+    def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
+                        head_dim: int):
+        # The cache's first kv_len rows are views, not copies; one score row per head.
+        return materialized_gqa(q, k_cache[:kv_len], v_cache[:kv_len], n_heads, n_kv_heads,
+                                head_dim, causal=True)
+
+
+def materialized_gqa(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, causal: bool):
+    """softmax(q k^T / sqrt(head_dim)) v with the scores materialized, heads batched by KV head.
+
+    q [seq_q, n_heads * head_dim]; k, v [seq_k, n_kv_heads * head_dim]. The query heads of one
+    KV head are stacked into one matrix, so each KV head is one matmul against its K without
+    copying K per query head. Causal is bottom-right aligned: query row i sees keys
+    0..(seq_k - seq_q) + i. Rows are taken in chunks so the scores stay under SCORE_BYTES.
+    """
+    seq_q, seq_k = q.shape[0], k.shape[0]
+    offset = seq_k - seq_q
+    if causal and offset < 0:
+        raise ValueError(f"causal attention needs at least as many keys ({seq_k}) as queries ({seq_q})")
+    group = n_heads // n_kv_heads
+    kh = k.reshape(seq_k, n_kv_heads, head_dim).permute(1, 2, 0)  # [n_kv, hd, seq_k]
+    vh = v.reshape(seq_k, n_kv_heads, head_dim).transpose(0, 1)  # [n_kv, seq_k, hd]
+    out = torch.empty_like(q)  # [seq_q, n_heads * hd]
+    chunk = max(1, SCORE_BYTES // (4 * n_heads * seq_k))
+    for q0 in range(0, seq_q, chunk):
+        q1 = min(q0 + chunk, seq_q)
+        rows = q1 - q0
+        # [n_kv, group * rows, hd]: row (g, i) is query head kv * group + g at position q0 + i
+        qh = q[q0:q1].reshape(rows, n_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        qh = qh.reshape(n_kv_heads, group * rows, head_dim)
+        scores = torch.bmm(qh, kh).float() * (1.0 / math.sqrt(head_dim))  # [n_kv, g*rows, seq_k]
+        if causal and offset + q0 + 1 < seq_k:  # some row of the chunk has a future
+            i = torch.arange(q0, q1, device=q.device).repeat(group)  # each stacked row's position
+            future = torch.arange(seq_k, device=q.device)[None, :] > i[:, None] + offset
+            scores = scores.masked_fill(future, -math.inf)
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        ctx = torch.bmm(probs, vh)  # [n_kv, group * rows, hd]
+        out[q0:q1] = ctx.reshape(n_kv_heads, group, rows, head_dim).permute(2, 0, 1, 3).reshape(
+            rows, n_heads * head_dim)
+    return out

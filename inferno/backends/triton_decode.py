@@ -1,0 +1,359 @@
+"""Decode attention as a Triton kernel: GQA-packed tiles, split KV, and the S/P ping-pong.
+
+Decode reads the whole KV cache to produce one row per query head, so it is bound by memory
+bandwidth: the figure of merit is bytes of K and V read per second against the card's copy
+bandwidth. Three things get the bytes moving:
+
+1. GQA packing. The query heads that share a KV head (16 of them at GQA 16:1) sit together in
+   one tile of `BLOCK_H` rows (x the new tokens, padded up to 16, the smallest tile a tensor-core
+   dot takes), so each K/V block is read once per KV head, not once per query head, and QK^T is a
+   [BLOCK_H, head_dim] x [head_dim, BLOCK_N] matmul instead of a matvec.
+2. Split KV (flash-decoding). One KV head of one sequence is too little work to fill a GPU, so
+   the sequence is cut into `num_splits` contiguous ranges, one program each; every program
+   leaves an unnormalised partial output with its running max m and sum l, and a second, small
+   kernel merges them: o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M = max_s m_s.
+3. The S/P ping-pong (`variant="pingpong"`), from FlashAttention-4's decode path
+   (Colfax, "S/P ping-pong for FlashAttention-4 decode"). In the `serial` loop, block i runs
+   QK^T, then softmax, then PV, and QK^T of block i+1 waits for all of it, although it depends on
+   nothing but K(i+1). With one (padded) query tile there is no second tile to fill that gap, so
+   the softmax latency is exposed on every block. The ping-pong keeps two score tiles, S(i) and
+   S(i+1), alternating like FA4's two TMEM slots: QK^T for block i+1 is issued before the
+   softmax of block i, and the loads go K0, K1, V0, K2, V1, ..., K one block ahead of V.
+
+What Triton's compiler does with it. Source order is only a request: Triton and ptxas schedule
+the instructions. What the ping-pong changes is the dependency graph: inside one iteration the
+next block's QK^T and this block's max/exp2/sum are independent, and the dot's result is
+loop-carried (it becomes the next iteration's `s_cur`). In the serial loop the softmax needs the
+dot issued just before it, and the next dot sits behind the loop's back-edge, across which
+ptxas does not move instructions. Expected on Hopper (the benchmark prints what was compiled):
+- 16-row tiles lower to `mma.sync` (Triton's wgmma path wants 64 rows per warpgroup); in the
+  ping-pong's loop body the HMMAs of S(i+1) and the MUFU.EX2 of softmax(i) can interleave. Look
+  for that in the SASS (`cuobjdump --dump-sass`), and for a shorter time per block.
+- `block_h=64` lowers to asynchronous `wgmma`, and Triton's wgmma pipelining can keep the
+  loop-carried QK^T in flight across the iteration boundary: `wgmma.wait_group` with a pending
+  count of 1 in the PTX instead of 0. That is the closest Triton gets to FA4's MMA warp issuing
+  QK(i+1) while the softmax warps work on S(i).
+The loads are Triton's to pipeline (`num_stages`) in both variants; the K-before-V order is what
+the source asks for, not a guarantee.
+
+The entry point `decode_attention` takes torch tensors in the layout the engine's KV cache keeps:
+`[capacity, n_kv_heads * head_dim]` per layer (optionally with a leading batch dimension), the
+first `kv_len` rows valid. CUDA tensors run compiled; CPU tensors run under Triton's interpreter,
+which must be switched on (TRITON_INTERPRET=1) before this module is imported, because
+`@triton.jit` reads it when the kernels are defined.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # how the kernels below were built
+VARIANTS = ("serial", "pingpong")
+LOG2E = 1.4426950408889634  # scores are kept in log2 units so the softmax uses exp2
+MIN_BLOCKS_PER_SPLIT = 4  # a split shorter than this spends its time in prologue and merge
+MAX_ROWS = 128  # query rows (heads per KV head x new tokens) in one tile
+
+
+# -- the KV loop's pieces --------------------------------------------------------------------
+@triton.jit
+def _load_kt(k_base, start, hi, stride_kt, offs_n, d, d_ok):
+    """K rows start..start+BLOCK_N of one KV head, transposed: [BLOCK_D, BLOCK_N]."""
+    n = start + offs_n
+    return tl.load(k_base + n[None, :] * stride_kt + d[:, None],
+                   mask=(n[None, :] < hi) & d_ok[:, None], other=0.0)
+
+
+@triton.jit
+def _load_v(v_base, start, hi, stride_vt, offs_n, d, d_ok):
+    """V rows start..start+BLOCK_N of one KV head: [BLOCK_N, BLOCK_D]."""
+    n = start + offs_n
+    return tl.load(v_base + n[:, None] * stride_vt + d[None, :],
+                   mask=(n[:, None] < hi) & d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _scores(q, kt, start, hi, key_end, qk_scale, offs_n, DOT_PRECISION: tl.constexpr):
+    """S = q K^T for one block, in log2 units, -inf where a key is past the split's end or in
+    the row's causal future: [BLOCK_H, BLOCK_N]."""
+    n = start + offs_n
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
+    visible = (n[None, :] < hi) & (n[None, :] < key_end[:, None])
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _softmax_pv(s, v, m, l, acc, DOT_PRECISION: tl.constexpr):
+    """One online-softmax step: raise the running max, rescale l and acc by 2^(m_old - m_new),
+    add this block's probabilities and P V."""
+    m_new = tl.maximum(m, tl.max(s, 1))
+    # A row that has seen no key yet (every score -inf, a causal row in a late split) keeps
+    # m = -inf; subtracting 0 instead makes its p and alpha 0 rather than NaN.
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_sub)  # 1 where the max held, < 1 where this block raised it
+    p = tl.exp2(s - m_sub[:, None])  # [BLOCK_H, BLOCK_N]
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l, acc
+
+
+# -- kernel 1: one split of the KV sequence for one KV head ----------------------------------
+# kv_len and the split sizes change every decode step; specialising on them (Triton's default
+# for integers: == 1, divisible by 16) would recompile as the cache grows.
+@triton.jit(do_not_specialize=["kv_len", "split_size", "num_splits"])
+def _decode_split_kernel(
+    Q, K, V, PartO, PartM, PartL,
+    kv_len, split_size, n_kv, n_heads, num_splits, qk_scale,
+    stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
+    GROUP: tl.constexpr, N_NEW: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PINGPONG: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)  # batch * n_kv + KV head
+    split = tl.program_id(1)
+    b = (pid // n_kv).to(tl.int64)
+    kvh = pid % n_kv
+
+    # Tile row r holds new token t = r // GROUP, query head kvh * GROUP + r % GROUP.
+    r = tl.arange(0, BLOCK_H)
+    t = r // GROUP
+    head = kvh * GROUP + r % GROUP
+    row_ok = r < N_NEW * GROUP
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(Q + b * stride_qb + t[:, None] * stride_qt + head[:, None] * HEAD_DIM + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+    # Causal, bottom-right aligned: new token t sits at position kv_len - N_NEW + t.
+    key_end = kv_len - N_NEW + 1 + t  # [BLOCK_H], exclusive
+
+    lo = split * split_size
+    hi = tl.minimum(lo + split_size, kv_len)  # the entry point makes every split non-empty
+    k_base = K + b * stride_kb + kvh * HEAD_DIM
+    v_base = V + b * stride_vb + kvh * HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    if PINGPONG:
+        # Prologue: K0, then S(0) = QK^T(0) into the first slot.
+        kt = _load_kt(k_base, lo, hi, stride_kt, offs_n, d, d_ok)
+        s_cur = _scores(q, kt, lo, hi, key_end, qk_scale, offs_n, DOT_PRECISION)
+        # Every block that has a successor: QK^T(i+1) goes out before softmax(i).
+        for start in range(lo, hi - BLOCK_N, BLOCK_N):
+            kt = _load_kt(k_base, start + BLOCK_N, hi, stride_kt, offs_n, d, d_ok)  # K(i+1)
+            s_next = _scores(q, kt, start + BLOCK_N, hi, key_end, qk_scale, offs_n,
+                             DOT_PRECISION)  # the other slot: independent of softmax(S(i))
+            v = _load_v(v_base, start, hi, stride_vt, offs_n, d, d_ok)  # V(i), after K(i+1)
+            m, l, acc = _softmax_pv(s_cur, v, m, l, acc, DOT_PRECISION)  # softmax(i), PV(i)
+            s_cur = s_next  # the slots swap roles
+        # Epilogue: the last block's softmax and PV; V trails K by one block to the end.
+        last = lo + (tl.cdiv(hi - lo, BLOCK_N) - 1) * BLOCK_N
+        v = _load_v(v_base, last, hi, stride_vt, offs_n, d, d_ok)
+        m, l, acc = _softmax_pv(s_cur, v, m, l, acc, DOT_PRECISION)
+    else:
+        # Serial: QK^T(i), softmax(i), PV(i), and only then block i+1. Loads go K0, V0, K1, ...
+        for start in range(lo, hi, BLOCK_N):
+            kt = _load_kt(k_base, start, hi, stride_kt, offs_n, d, d_ok)
+            s = _scores(q, kt, start, hi, key_end, qk_scale, offs_n, DOT_PRECISION)
+            v = _load_v(v_base, start, hi, stride_vt, offs_n, d, d_ok)
+            m, l, acc = _softmax_pv(s, v, m, l, acc, DOT_PRECISION)
+
+    # Partials are [batch, N_NEW, n_heads, num_splits] (m, l) and [..., HEAD_DIM] (acc).
+    part = ((b * N_NEW + t) * n_heads + head) * num_splits + split  # [BLOCK_H]
+    tl.store(PartM + part, m, mask=row_ok)
+    tl.store(PartL + part, l, mask=row_ok)
+    tl.store(PartO + part[:, None] * HEAD_DIM + d[None, :], acc,
+             mask=row_ok[:, None] & d_ok[None, :])
+
+
+# -- kernel 2: merge the splits of one (sequence, new token, query head) row -----------------
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_merge_kernel(
+    PartO, PartM, PartL, Out, n_heads, num_splits, stride_ob, stride_ot,
+    N_NEW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)  # (b * N_NEW + t) * n_heads + head
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < num_splits
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    m = tl.load(PartM + row * num_splits + s, mask=s_ok, other=float("-inf"))  # [BLOCK_S]
+    l = tl.load(PartL + row * num_splits + s, mask=s_ok, other=0.0)
+    acc = tl.load(PartO + (row * num_splits + s)[:, None] * HEAD_DIM + d[None, :],
+                  mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    # Split 0 holds key 0, which every row sees, so the max is finite; a split a causal row
+    # cannot see has m = -inf and weight 0.
+    w = tl.exp2(m - tl.max(m, 0))
+    o = tl.sum(w[:, None] * acc, 0) / tl.sum(w * l, 0)  # [BLOCK_D]
+    head = row % n_heads
+    t = (row // n_heads) % N_NEW
+    b = row // (n_heads * N_NEW)
+    tl.store(Out + b * stride_ob + t * stride_ot + head * HEAD_DIM + d,
+             o.to(Out.dtype.element_ty), mask=d_ok)
+
+
+# -- the Python side ---------------------------------------------------------------------------
+class Plan(NamedTuple):
+    num_splits: int  # programs per KV head; every one holds at least one key
+    split_size: int  # keys per split, a multiple of block_n
+
+
+def default_block_n(head_dim: int) -> int:
+    """Keys per block: 64 at head dim 128 (a 16 KB bf16 K tile), 128 at smaller head dims."""
+    return 128 if head_dim <= 64 else 64
+
+
+def plan_splits(kv_len: int, batch: int, n_kv_heads: int, block_n: int,
+                num_splits: int | None = None, device: torch.device | str = "cpu") -> Plan:
+    """How the KV sequence is cut. Given `num_splits` is clamped to one split per KV block.
+    By default: about two programs per streaming multiprocessor over all (sequence, KV head)
+    pairs, but no split shorter than MIN_BLOCKS_PER_SPLIT blocks. Splits are whole blocks, and
+    the count is recomputed from the rounded size so that none is empty."""
+    n_blocks = triton.cdiv(kv_len, block_n)
+    if num_splits is None:
+        want = triton.cdiv(2 * _sm_count(torch.device(device)), batch * n_kv_heads)
+        num_splits = min(want, max(1, n_blocks // MIN_BLOCKS_PER_SPLIT))
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be at least 1, got {num_splits}")
+    blocks_per_split = triton.cdiv(n_blocks, min(num_splits, n_blocks))
+    split_size = blocks_per_split * block_n
+    return Plan(triton.cdiv(kv_len, split_size), split_size)
+
+
+def alloc_partials(batch: int, n_new: int, n_heads: int, num_splits: int, head_dim: int,
+                   device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float32 scratch for the split kernel: acc [batch, n_new, n_heads, splits, head_dim], and
+    m, l [batch, n_new, n_heads, splits]. Uninitialised: every element is written each call."""
+    shape = (batch, n_new, n_heads, num_splits)
+    return (torch.empty(shape + (head_dim,), dtype=torch.float32, device=device),
+            torch.empty(shape, dtype=torch.float32, device=device),
+            torch.empty(shape, dtype=torch.float32, device=device))
+
+
+def decode_attention(q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
+                     head_dim: int, variant: str = "pingpong", num_splits: int | None = None,
+                     block_n: int | None = None, *, block_h: int | None = None, out=None,
+                     partials=None, num_warps: int = 4, num_stages: int = 2):
+    """softmax(q K^T / sqrt(head_dim)) V for the newest tokens of each sequence.
+
+    q [n_new, n_heads * head_dim], or [batch, n_new, n_heads * head_dim]: the new tokens, at
+    cache positions kv_len - n_new .. kv_len - 1, causal among themselves (bottom-right).
+    k_cache, v_cache [capacity, n_kv_heads * head_dim] (or with a leading batch dimension): the
+    first kv_len rows are read in place; rows may be strided, features must be contiguous. Every
+    sequence of a batch has the same kv_len. Query head h reads KV head h // (n_heads // n_kv).
+    Returns a tensor shaped like q (or writes `out`). `partials` (from alloc_partials, sized by
+    plan_splits) lets a caller reuse or inspect the scratch. float32 inputs use IEEE float32
+    dots (no TF32), 16-bit inputs tensor-core dots with float32 accumulation.
+    """
+    out, handles = _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant,
+                           num_splits, block_n, block_h, out, partials, num_warps, num_stages)
+    return out
+
+
+def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant="pingpong",
+            num_splits=None, block_n=None, block_h=None, out=None, partials=None,
+            num_warps=4, num_stages=2):
+    """decode_attention's body; also returns the two kernels' launch handles (compiled kernels
+    on CUDA, whose .asm holds the PTX and TTGIR; None under the interpreter)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; variants: {', '.join(VARIANTS)}")
+    squeeze = q.dim() == 2
+    q3, k3, v3 = (x.unsqueeze(0) if x.dim() == 2 else x for x in (q, k_cache, v_cache))
+    batch, n_new, q_width = q3.shape
+    _check(q3, k3, v3, kv_len, n_heads, n_kv_heads, head_dim)
+    group = n_heads // n_kv_heads
+    rows = group * n_new
+    if rows > MAX_ROWS:
+        raise ValueError(f"{group} query heads per KV head x {n_new} new tokens = {rows} rows: "
+                         f"more than one tile of {MAX_ROWS}")
+    block_h = block_h or max(16, triton.next_power_of_2(rows))
+    if block_h < rows or block_h & (block_h - 1):
+        raise ValueError(f"block_h must be a power of two of at least {rows}, got {block_h}")
+    block_n = block_n or default_block_n(head_dim)
+    plan = plan_splits(kv_len, batch, n_kv_heads, block_n, num_splits, q.device)
+    if partials is None:
+        partials = alloc_partials(batch, n_new, n_heads, plan.num_splits, head_dim, q.device)
+    part_o, part_m, part_l = partials
+    shape = (batch, n_new, n_heads, plan.num_splits)
+    if (part_m.shape, part_l.shape, part_o.shape) != (shape, shape, shape + (head_dim,)) or not all(
+            p.is_contiguous() and p.dtype == torch.float32 and p.device == q.device for p in partials):
+        raise ValueError(f"partials must be contiguous float32 for {plan.num_splits} splits "
+                         f"(alloc_partials with plan_splits' count)")
+    o3 = torch.empty_like(q3) if out is None else (out.unsqueeze(0) if out.dim() == 2 else out)
+    if o3.shape != q3.shape or o3.stride(-1) != 1:
+        raise ValueError(f"out must be shaped like q {tuple(q.shape)}, got {tuple(out.shape)}")
+
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is moot for 16-bit inputs
+    split = _decode_split_kernel[(batch * n_kv_heads, plan.num_splits)](
+        q3, k3, v3, part_o, part_m, part_l,
+        kv_len, plan.split_size, n_kv_heads, n_heads, plan.num_splits,
+        LOG2E / math.sqrt(head_dim),
+        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
+        GROUP=group, N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_N=block_n,
+        BLOCK_D=block_d, PINGPONG=variant == "pingpong", DOT_PRECISION=precision,
+        num_warps=num_warps, num_stages=num_stages)
+    merge = _decode_merge_kernel[(batch * n_new * n_heads,)](
+        part_o, part_m, part_l, o3, n_heads, plan.num_splits, o3.stride(0), o3.stride(1),
+        N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(plan.num_splits),
+        BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2)
+    o = o3.squeeze(0) if squeeze and out is None else (out if out is not None else o3)
+    return o, (split, merge)
+
+
+def _check(q, k, v, kv_len, n_heads, n_kv_heads, head_dim):
+    batch, n_new, q_width = q.shape
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+    if q_width != n_heads * head_dim or q.stride(-1) != 1 or q.stride(1) != q_width:
+        raise ValueError(f"q must be [.., n_new, {n_heads * head_dim}] with contiguous rows, "
+                         f"got {tuple(q.shape)}")
+    for name, x in (("k_cache", k), ("v_cache", v)):
+        if x.dim() != 3 or x.shape[0] != batch or x.shape[2] != n_kv_heads * head_dim:
+            raise ValueError(f"{name} must be [{batch}, capacity, {n_kv_heads * head_dim}], "
+                             f"got {tuple(x.shape)}")
+        if x.stride(-1) != 1 or x.dtype != q.dtype or x.device != q.device:
+            raise ValueError(f"{name} must have contiguous features and q's dtype and device")
+    if not n_new <= kv_len <= min(k.shape[1], v.shape[1]):
+        raise ValueError(f"kv_len {kv_len} must cover the {n_new} new tokens and fit the cache "
+                         f"({min(k.shape[1], v.shape[1])} rows)")
+    if q.device.type == "cpu" and not INTERPRET:
+        raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 "
+                           "before importing inferno.backends.triton_decode")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"the Triton decode kernel runs on CUDA (or the CPU interpreter), "
+                         f"not {q.device.type}")
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2  # the interpreter runs programs one after another: few and long is fastest
+
+
+def reference_attention(q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
+                        head_dim: int) -> torch.Tensor:
+    """The materialized computation in float64 (scores, bottom-right causal mask, softmax, @ V),
+    shaped like q: what the kernel is tested against."""
+    squeeze = q.dim() == 2
+    q3, k3, v3 = (x.unsqueeze(0) if x.dim() == 2 else x for x in (q, k_cache, v_cache))
+    batch, n_new, _ = q3.shape
+    group = n_heads // n_kv_heads
+    qh = q3.double().reshape(batch, n_new, n_heads, head_dim).transpose(1, 2)  # [b, nh, new, hd]
+    kh = k3[:, :kv_len].double().reshape(batch, kv_len, n_kv_heads, head_dim).transpose(1, 2)
+    vh = v3[:, :kv_len].double().reshape(batch, kv_len, n_kv_heads, head_dim).transpose(1, 2)
+    kh = kh.repeat_interleave(group, dim=1)  # [b, nh, kv_len, hd]
+    vh = vh.repeat_interleave(group, dim=1)
+    scores = qh @ kh.transpose(-1, -2) / math.sqrt(head_dim)  # [b, nh, new, kv_len]
+    future = torch.arange(kv_len)[None, :] > torch.arange(n_new)[:, None] + (kv_len - n_new)
+    scores = scores.masked_fill(future.to(scores.device), float("-inf"))
+    o = (scores.softmax(-1) @ vh).transpose(1, 2).reshape(batch, n_new, n_heads * head_dim)
+    return o[0] if squeeze else o
