@@ -1,7 +1,7 @@
 """inferno: a multi-backend CPU/GPU inference engine for Qwen3 and Llama-family LLMs."""
 
-from inferno.engine import Engine, GenerationResult, load
+from inferno.engine import Engine, GenerationResult, Session, load
 from inferno.errors import InfernoError
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "GenerationResult", "InfernoError", "load", "__version__"]
+__all__ = ["Engine", "GenerationResult", "InfernoError", "Session", "load", "__version__"]

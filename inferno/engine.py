@@ -20,6 +20,7 @@ from inferno.backends.tracing import TracingBackend
 from inferno.errors import InfernoError
 from inferno.model.loader import Checkpoint, open_checkpoint
 from inferno.model.qwen3 import Qwen3Model
+from inferno.model.resolve import resolve
 from inferno.model.sampling import SamplingParams, sample
 
 
@@ -35,6 +36,7 @@ class GenerationResult:
     peak_memory_bytes: int
     stop_reason: str  # "eos" or "length"
     decode_s: float = 0.0
+    cached_tokens: int = 0  # prompt tokens a Session's cache already held: not prefilled again
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,6 +51,21 @@ class Stream:
 
     def __iter__(self):
         self.result = yield from self._pieces
+
+
+class Session:
+    """A conversation's KV cache, kept between calls to `Engine.stream(..., session=s)`.
+
+    Each call prefills only the prompt tokens after the longest prefix the cache already holds
+    (the previous turns, as the chat template renders them again), then decodes as usual.
+    """
+
+    def __init__(self):
+        self.cache = None
+        self.ids: list[int] = []  # the tokens whose K/V the cache holds, in order
+
+    def clear(self) -> None:
+        self.cache, self.ids = None, []
 
 
 class Engine:
@@ -103,8 +120,10 @@ class Engine:
 
     def stream(self, prompt: str | list[dict] | None = None, *, prompt_ids: list[int] | None = None,
                max_tokens: int = 256, system: str | None = None, think: bool = True,
-               raw: bool = False, ctx_size: int | None = None, **sampling) -> Stream:
-        """Like generate, as an iterator of text pieces; `.result` holds the stats afterwards."""
+               raw: bool = False, ctx_size: int | None = None, session: Session | None = None,
+               **sampling) -> Stream:
+        """Like generate, as an iterator of text pieces; `.result` holds the stats afterwards.
+        With a `session`, the KV cache of earlier calls is reused for the prompt's shared prefix."""
         params = SamplingParams(**sampling)
         if max_tokens < 1:
             raise InfernoError(f"--max-tokens must be at least 1, got {max_tokens}")
@@ -119,7 +138,7 @@ class Engine:
                 f"prompt ({ids.size} tokens) + --max-tokens ({max_tokens}) = {ids.size + max_tokens} "
                 f"exceeds the context of {limit} tokens: shorten the prompt or lower --max-tokens"
                 + ("" if ctx_size else f" (the model's context is {self.config.max_position_embeddings})"))
-        return Stream(self._generate(ids, max_tokens, params))
+        return Stream(self._generate(ids, max_tokens, params, session))
 
     def close(self) -> None:
         self.ops.close()
@@ -145,17 +164,47 @@ class Engine:
             raise InfernoError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
         return ids
 
-    def _generate(self, ids: np.ndarray, max_tokens: int, params: SamplingParams):
+    def _session_cache(self, session: Session, ids: np.ndarray, capacity: int):
+        """The session's cache cut back to the prefix it shares with `ids` and grown to hold
+        `capacity` positions; returns (cache, start), start being the first position to feed."""
+        same = 0
+        for a, b in zip(session.ids, ids.tolist()):
+            if a != b:
+                break
+            same += 1
+        start = min(same, ids.size - 1)  # feed at least one token: its logits start the reply
+        old = session.cache
+        if old is None:
+            session.cache = self.model.new_cache(capacity)
+        elif old.capacity < capacity:
+            # Double when growing, so a long chat reallocates O(log n) times; the model's
+            # context bounds it.
+            doubled = min(2 * old.capacity, self.config.max_position_embeddings)
+            session.cache = self.model.new_cache(max(capacity, doubled))
+            for layer in range(len(old.k)) if start else ():  # copy the shared prefix over
+                self.ops.write_rows(session.cache.k[layer], self.ops.rows(old.k[layer], 0, start), 0)
+                self.ops.write_rows(session.cache.v[layer], self.ops.rows(old.v[layer], 0, start), 0)
+        session.cache.length = start  # rows past `start` are stale; the next forward overwrites them
+        session.ids = session.ids[:start]
+        return session.cache, start
+
+    def _generate(self, ids: np.ndarray, max_tokens: int, params: SamplingParams,
+                  session: Session | None = None):
         ops, model = self.ops, self.model
         rng = np.random.default_rng(params.seed)
         eos = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
         decoder = self.tokenizer.stream()
-        cache = model.new_cache(ids.size + max_tokens)
+        if session is None:
+            cache, start, fed = model.new_cache(ids.size + max_tokens), 0, []
+        else:
+            cache, start = self._session_cache(session, ids, ids.size + max_tokens)
+            fed = session.ids  # kept in step with the cache, even if this generator is abandoned
         history = ids.tolist()
 
         ops.synchronize()
         t0 = time.perf_counter()
-        logits = ops.to_numpy(model.forward(ids, cache, last_only=True))[0]
+        logits = ops.to_numpy(model.forward(ids[start:], cache, last_only=True))[0]
+        fed.extend(history[start:])
         token = sample(logits, params, rng, history)
         t_first = time.perf_counter()
         sampled = [token]
@@ -167,18 +216,21 @@ class Engine:
                 yield piece
             history.append(token)
             logits = ops.to_numpy(model.forward([token], cache, last_only=True))[0]
+            fed.append(token)
             token = sample(logits, params, rng, history)
             sampled.append(token)
         t_end = time.perf_counter()
         stop_reason = "eos" if token in eos else "length"
         generated = sampled[:-1] if stop_reason == "eos" else sampled
-        text = self.tokenizer.decode(generated)
-        # The stream holds back bytes of an unfinished character; at the end, whatever the full
-        # decode has beyond what was streamed (the last token, a dangling byte shown as U+FFFD)
-        # goes out, so the pieces always add up to result.text.
-        tail = text[len("".join(emitted)):]
+        streamed = "".join(emitted)
+        # The stream holds back the bytes of an unfinished character. At the end, what the full
+        # decode has beyond the streamed text goes out, except a character the stop cut in half
+        # (decoded as U+FFFD): it is dropped, so neither the stream nor result.text is garbled
+        # and the pieces always add up to result.text.
+        tail = self.tokenizer.decode(generated)[len(streamed):].rstrip("\ufffd")
         if tail:
             yield tail
+        text = streamed + tail
         ttft = t_first - t0
         decode_s = t_end - t_first
         return GenerationResult(
@@ -187,24 +239,28 @@ class Engine:
             prompt_tokens=int(ids.size),
             generated_tokens=len(generated),
             ttft_s=ttft,
-            prefill_tokens_per_s=ids.size / ttft if ttft > 0 else float("inf"),
+            prefill_tokens_per_s=(ids.size - start) / ttft if ttft > 0 else float("inf"),
             decode_tokens_per_s=(len(sampled) - 1) / decode_s if decode_s > 0 and len(sampled) > 1 else 0.0,
             peak_memory_bytes=ops.peak_memory_bytes(),
             stop_reason=stop_reason,
             decode_s=decode_s,
+            cached_tokens=start,
         )
 
 
-def load(model: str, backend: str = "cpu", *, flash: bool = True, trace: bool = False,
+def load(model: str | None = None, backend: str = "cpu", *, flash: bool = True, trace: bool = False,
          progress: bool | None = None, **backend_options) -> Engine:
-    """Load `model` onto `backend` (cpu, simd, pool, torch, gpu). Backend options: threads
-    (pool), device and dtype (torch). `flash=False` runs prefill with materialized scores;
-    `trace=True` wraps the backend in the tracing backend (engine.ops.format_histogram())."""
+    """Load `model` onto `backend` (cpu, simd, pool, torch, gpu). `model` is a folder, a .gguf
+    file, a hub id or an alias; None is the default model (smollm2-135m), fetched on first use.
+    Backend options: threads (pool), device and dtype (torch). `flash=False` runs prefill with
+    materialized scores; `trace=True` wraps the backend in the tracing backend
+    (engine.ops.format_histogram())."""
     if progress is None:
         progress = sys.stderr.isatty()
+    path = resolve(model)  # a first-use download is not load time
     t0 = time.perf_counter()
     ops = create_backend(backend, **backend_options)
-    checkpoint = open_checkpoint(model, progress=progress)
+    checkpoint = open_checkpoint(path, progress=progress)
     if trace:
         ops = TracingBackend(ops)
     return Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0)

@@ -13,6 +13,7 @@ import numpy as np
 
 from inferno.errors import InfernoError
 from inferno.model.config import ModelConfig
+from inferno.model.resolve import resolve
 from inferno.model.safetensors import load_folder_tensors
 from inferno.model.tokenizer import Tokenizer, read_json
 
@@ -56,11 +57,16 @@ def load_hf_folder(folder: Path, progress: bool = False) -> Checkpoint:
     return Checkpoint(config, tensors, tokenizer, source=str(folder))
 
 
-def open_checkpoint(model: str | Path, progress: bool = False) -> Checkpoint:
-    """Resolve `model` (a folder path) to a loaded checkpoint."""
-    path = Path(model).expanduser()
+def open_checkpoint(model: str | Path | None = None, progress: bool = False) -> Checkpoint:
+    """Load `model`: a folder, a .gguf file, a hub id or an alias (None: the default model);
+    see inferno.model.resolve for how each is found or fetched."""
+    from inferno.model.gguf import MAGIC, load_gguf  # here: gguf.py imports this module
+
+    path = resolve(model)
     if path.is_dir():
         return load_hf_folder(path, progress)
-    if path.exists():
-        raise InfernoError(f"{path} is a file; a model is a folder holding {FOLDER_CONTENTS}")
-    raise InfernoError(f"model {model!r} not found: give a folder holding {FOLDER_CONTENTS}")
+    with open(path, "rb") as f:
+        is_gguf = f.read(4) == MAGIC
+    if is_gguf or path.suffix == ".gguf":
+        return load_gguf(path, progress_bar(progress))
+    raise InfernoError(f"{path} is neither a model folder ({FOLDER_CONTENTS}) nor a .gguf file")

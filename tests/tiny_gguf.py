@@ -1,0 +1,120 @@
+"""Write a tiny Hugging Face folder (tests/tiny.py) as a GGUF file, the way llama.cpp's
+convert_hf_to_gguf.py does: the gguf package's own HF -> GGUF tensor-name map (not inferno's
+table), llama q/k rows permuted for llama.cpp's RoPE, tokens padded to the vocabulary with
+[PAD{i}] tokens, special tokens marked CONTROL, and the chat template in the metadata."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+ARCHS = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen3": gguf.MODEL_ARCH.QWEN3}
+T = gguf.GGMLQuantizationType
+
+
+def permute(w: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def mixed_types(name: str, w: np.ndarray, index: int):
+    """F32 for norms, then F16 and Q8_0 taking turns (Q8_0 only where rows split into 32-blocks)."""
+    if w.ndim == 1:
+        return T.F32
+    if index % 2 == 0 and w.shape[-1] % 32 == 0:
+        return T.Q8_0
+    return T.F16
+
+
+def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch: str | None = None,
+               pre: str = "gpt-2") -> Path:
+    """`types(gguf_name, array, index)` picks each tensor's GGML type. `arch` overrides the
+    architecture written (for error tests)."""
+    from safetensors.numpy import load_file
+
+    folder = Path(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    hf_arch = "llama" if cfg["architectures"][0].startswith("Llama") else "qwen3"
+    arch_name = arch or hf_arch
+    n_layers, n_head, n_kv = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
+
+    w = gguf.GGUFWriter(str(out), arch_name)
+    w.add_block_count(n_layers)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    _add_tokenizer(w, folder, cfg["vocab_size"], pre)
+
+    names = gguf.get_tensor_name_map(ARCHS[hf_arch], n_layers)
+    tensors = load_file(str(folder / "model.safetensors"))
+    for i, (hf_name, t) in enumerate(sorted(tensors.items())):
+        t = t.astype(np.float32)
+        name = names.get_name(hf_name, try_suffixes=(".weight",))
+        if hf_arch == "llama" and name.endswith("attn_q.weight"):
+            t = permute(t, n_head, n_head)
+        elif hf_arch == "llama" and name.endswith("attn_k.weight"):
+            t = permute(t, n_head, n_kv)
+        qtype = types(name, t, i)
+        if qtype == T.F32:
+            w.add_tensor(name, t)
+        elif qtype == T.F16:
+            w.add_tensor(name, t.astype(np.float16))
+        elif qtype in (T.Q8_1, T.Q8_K, T.I32):  # types gguf cannot quantise: zero bytes
+            w.add_tensor(name, np.zeros(gguf.quant_shape_to_byte_shape(t.shape, qtype), np.uint8),
+                         raw_dtype=qtype)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def _add_tokenizer(w, folder: Path, vocab_size: int, pre: str) -> None:
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    by_id = {i: t for t, i in tok["model"]["vocab"].items()}
+    special = set()
+    for added in tok["added_tokens"]:
+        by_id[added["id"]] = added["content"]
+        if added["special"]:
+            special.add(added["id"])
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i in by_id:
+            tokens.append(by_id[i])
+            types.append(gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL)
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    ids = {t: i for i, t in enumerate(tokens)}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(ids[tok_cfg["eos_token"]])
+    w.add_pad_token_id(ids[tok_cfg["pad_token"]])
+    if tok_cfg.get("bos_token"):
+        w.add_bos_token_id(ids[tok_cfg["bos_token"]])
+        w.add_add_bos_token(True)
+    else:
+        w.add_add_bos_token(False)
+    w.add_chat_template(tok_cfg.get("chat_template") or (folder / "chat_template.jinja").read_text())
