@@ -1,0 +1,332 @@
+"""Numba kernels for the simd and pool backends.
+
+Every kernel is serial, compiled to machine code once (`cache=True`: a fresh checkout compiles on
+first use, later runs load from __pycache__) and releases the GIL (`nogil=True`). Each works on a
+range of rows or on one attention head and writes only its own part of a preallocated output,
+so the pool backend runs these very kernels side by side, one range or one head per job.
+
+fastmath is limited to FAST: reassociation and contraction let LLVM vectorise sums and fuse
+multiply-adds, reordering float32 rounding as BLAS does. The no-NaN/no-inf flags stay off:
+masked scores are -inf, and a kernel must not assume them away.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from inferno.backends.base import TILE
+
+FAST = {"reassoc", "contract", "arcp", "nsz"}
+
+jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
+
+
+@jit
+def query_block(seq_k):
+    """Query rows per block in the tiled flash kernel. Each block streams the head's K and V
+    once, so long prompts want taller blocks (fewer passes over K/V, taller GEMMs) and short ones
+    short blocks (less masked work in the diagonal tiles). One core (BLAS on one thread), head
+    dim 128, causal, ms with blocks of 64 / 128 / 256 rows: 511 keys 0.94 / 0.95 / 1.09;
+    1024 keys 3.41 / 3.32 / 3.52; 2044 keys 14.4 / 13.5 / 13.5; 4096 keys 53.9 / 50.6 / 49.6."""
+    if seq_k < 768:
+        return 64
+    return 128 if seq_k < 3072 else 256
+
+
+# Cephes' single-precision exp: exp(x) = 2^k * exp(r), |r| <= ln2 / 2, degree-5 polynomial.
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_EXP_MIN = np.float32(-87.33)  # below this exp(x) is under float32's smallest normal: 0
+_EXP_MAX = np.float32(88.0)  # 2^k stays a normal float32 (k <= 127)
+
+
+@jit
+def exp_into(x, out, bits, n):
+    """out[:n] = exp(x[:n]), to 2e-7 relative, in a loop LLVM vectorises (Numba's np.exp calls
+    scalar libm: 1.7 ns per element here, this 0.2 ns). `bits` is int32 scratch of length >= n.
+    -inf gives 0, so masked scores drop out; NaN stays NaN."""
+    for j in range(n):
+        xv = min(max(x[j], _EXP_MIN), _EXP_MAX)
+        k = np.floor(xv * _LOG2E + np.float32(0.5))
+        r = xv - k * _LN2_HI - k * _LN2_LO
+        p = np.float32(1.9875691500e-4)
+        p = p * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        out[j] = p * r * r + r + np.float32(1.0)
+        bits[j] = (np.int32(k) + np.int32(127)) << np.int32(23)  # 2^k as float32 bits
+    two_k = bits.view(np.float32)
+    for j in range(n):
+        out[j] = np.float32(0.0) if x[j] < _EXP_MIN else out[j] * two_k[j]  # NaN stays NaN
+
+
+# -- dense kernels: rows r0..r1 ------------------------------------------------------------------
+@jit
+def matvec(w, x, y, r0, r1):
+    """y[r0:r1] = w[r0:r1] @ x for w [out, in]: decode's linear, reading the weight once, row by
+    row. Four rows per pass share each load of x: 37 GB/s from DRAM on one core, against 31 for
+    OpenBLAS's sgemv and 28 for one row per pass."""
+    n = x.shape[0]
+    o = r0
+    while o + 4 <= r1:
+        s0 = s1 = s2 = s3 = np.float32(0.0)
+        for i in range(n):
+            xi = x[i]
+            s0 += w[o, i] * xi
+            s1 += w[o + 1, i] * xi
+            s2 += w[o + 2, i] * xi
+            s3 += w[o + 3, i] * xi
+        y[o], y[o + 1], y[o + 2], y[o + 3] = s0, s1, s2, s3
+        o += 4
+    while o < r1:
+        s = np.float32(0.0)
+        for i in range(n):
+            s += w[o, i] * x[i]
+        y[o] = s
+        o += 1
+
+
+@jit
+def gemm_rows(a, b, out, r0, r1):
+    """out[r0:r1] = a[r0:r1] @ b through BLAS (scipy's sgemm via Numba's np.dot); b may be a
+    transposed [out, in] weight, which BLAS reads as is."""
+    if r1 > r0:
+        np.dot(a[r0:r1], b, out[r0:r1])
+
+
+@jit
+def rms_norm_rows(x, w, eps, out, r0, r1):
+    """RMSNorm over each group of len(w) features of rows r0..r1 (a whole row, or each head)."""
+    g = w.shape[0]
+    eps32 = np.float32(eps)
+    for r in range(r0, r1):
+        for c0 in range(0, x.shape[1], g):
+            xs, ys = x[r, c0:c0 + g], out[r, c0:c0 + g]
+            ss = np.float32(0.0)
+            for d in range(g):
+                ss += xs[d] * xs[d]
+            inv = np.float32(1.0) / np.sqrt(ss / np.float32(g) + eps32)
+            for d in range(g):
+                ys[d] = xs[d] * inv * w[d]
+
+
+@jit
+def rope_rows(x, cos, sin, head_dim, out, r0, r1):
+    """Rotate-half RoPE on every head of rows r0..r1; cos/sin [rows, head_dim // 2]."""
+    half = head_dim // 2
+    for r in range(r0, r1):
+        c, s = cos[r], sin[r]
+        for c0 in range(0, x.shape[1], head_dim):
+            x1, x2 = x[r, c0:c0 + half], x[r, c0 + half:c0 + head_dim]
+            y1, y2 = out[r, c0:c0 + half], out[r, c0 + half:c0 + head_dim]
+            for d in range(half):
+                y1[d] = x1[d] * c[d] - x2[d] * s[d]
+                y2[d] = x2[d] * c[d] + x1[d] * s[d]
+
+
+@jit
+def silu_mul_rows(gate, up, out, r0, r1):
+    """SwiGLU silu(gate) * up on rows r0..r1."""
+    n = gate.shape[1]
+    neg = np.empty(n, np.float32)
+    e = np.empty(n, np.float32)
+    bits = np.empty(n, np.int32)
+    for r in range(r0, r1):
+        g, u, y = gate[r], up[r], out[r]
+        for j in range(n):
+            neg[j] = -g[j]
+        exp_into(neg, e, bits, n)
+        for j in range(n):
+            y[j] = g[j] / (np.float32(1.0) + e[j]) * u[j]
+
+
+@jit
+def softmax_rows(x, out, r0, r1):
+    n = x.shape[1]
+    shifted = np.empty(n, np.float32)
+    bits = np.empty(n, np.int32)
+    for r in range(r0, r1):
+        xs, ys = x[r], out[r]
+        mx = xs[0]
+        for j in range(1, n):
+            mx = max(mx, xs[j])
+        for j in range(n):
+            shifted[j] = xs[j] - mx
+        exp_into(shifted, ys, bits, n)
+        total = np.float32(0.0)
+        for j in range(n):
+            total += ys[j]
+        for j in range(n):
+            ys[j] = ys[j] / total
+
+
+@jit
+def scale_rows(x, s, out, r0, r1):
+    s32 = np.float32(s)
+    for r in range(r0, r1):
+        xs, ys = x[r], out[r]
+        for j in range(x.shape[1]):
+            ys[j] = xs[j] * s32
+
+
+@jit
+def fill_upper_rows(x, value, offset, out, r0, r1):
+    """Rows r0..r1 of x with every element right of column row + offset set to value."""
+    v32 = np.float32(value)
+    for r in range(r0, r1):
+        first = max(0, min(r + offset + 1, x.shape[1]))
+        out[r, :first] = x[r, :first]
+        out[r, first:] = v32
+
+
+# -- attention: one query head per call ----------------------------------------------------------
+@jit
+def flash_head(q, k, v, out, h, kv_h, head_dim, causal):
+    """Flash attention for query head h over KV head kv_h, written into out's columns for h.
+
+    Walks blocks of query rows (query_block); for each, tiles of TILE keys. A tile's scores are
+    one small GEMM ([block, hd] x [hd, TILE], BLAS) into a local buffer; the online softmax runs
+    on it (per row: running max m, sum l, rescale factor corr; one vectorised exp for the whole
+    tile), then a second GEMM adds the tile's probabilities x V into the accumulator. Causal is
+    a loop bound: a block never visits keys past its last row's diagonal (bottom-right aligned,
+    seq_k - seq_q rows of offset); inside the diagonal tiles a row's future scores get -inf.
+    """
+    seq_q, seq_k = q.shape[0], k.shape[0]
+    off = seq_k - seq_q
+    hd = head_dim
+    qc, kc = h * hd, kv_h * hd
+    scale = np.float32(1.0 / math.sqrt(hd))
+    qh = np.empty((seq_q, hd), np.float32)  # [seq_q, hd] this head's queries, scaled as the reference
+    kh = np.empty((seq_k, hd), np.float32)  # [seq_k, hd] its keys and values, contiguous for BLAS
+    vh = np.empty((seq_k, hd), np.float32)
+    for i in range(seq_q):
+        q_row, qh_row = q[i, qc:qc + hd], qh[i]
+        for d in range(hd):
+            qh_row[d] = q_row[d] * scale
+    kh[:, :] = k[:, kc:kc + hd]
+    vh[:, :] = v[:, kc:kc + hd]
+    qb = query_block(seq_k)
+    s_buf = np.empty(qb * TILE, np.float32)  # one tile of scores, then probabilities: [block, TILE]
+    shifted = np.empty(qb * TILE, np.float32)  # scores minus their row's running max
+    bits = np.empty(qb * TILE, np.int32)
+    pv_buf = np.empty(qb * hd, np.float32)  # the tile's probabilities @ V: [block, hd]
+    acc = np.empty((qb, hd), np.float32)  # running numerators
+    m = np.empty(qb, np.float32)
+    l = np.empty(qb, np.float32)  # running denominators
+    corr = np.empty(qb, np.float32)
+    for q0 in range(0, seq_q, qb):
+        q1 = min(q0 + qb, seq_q)
+        bq = q1 - q0
+        m[:bq] = -np.inf
+        l[:bq] = 0.0
+        acc[:bq] = 0.0
+        k_end = min(off + q1, seq_k) if causal else seq_k  # keys the block's last row sees
+        for k0 in range(0, k_end, TILE):
+            bk = min(TILE, k_end - k0)
+            s = s_buf[:bq * bk].reshape((bq, bk))  # [bq, bk]
+            np.dot(qh[q0:q1], kh[k0:k0 + bk].T, s)
+            for i in range(bq):
+                row, sh = s[i], shifted[i * bk:(i + 1) * bk]
+                n = max(0, min(bk, off + q0 + i + 1 - k0)) if causal else bk  # keys row i sees
+                mx = m[i]
+                for j in range(n):
+                    mx = max(mx, row[j])
+                for j in range(n):
+                    sh[j] = row[j] - mx
+                sh[n:] = -np.inf  # this row's future: probability 0
+                corr[i] = np.float32(math.exp(m[i] - mx)) if n > 0 else np.float32(1.0)  # 0 on a first tile
+                m[i] = mx
+            exp_into(shifted, s_buf, bits, bq * bk)  # s now holds the tile's probabilities
+            for i in range(bq):
+                row = s[i]
+                total = np.float32(0.0)
+                for j in range(bk):
+                    total += row[j]
+                l[i] = l[i] * corr[i] + total
+            pv = pv_buf[:bq * hd].reshape((bq, hd))  # [bq, hd]
+            np.dot(s, vh[k0:k0 + bk], pv)
+            for i in range(bq):
+                c, a, p = corr[i], acc[i], pv[i]
+                for d in range(hd):
+                    a[d] = a[d] * c + p[d]
+        for i in range(bq):
+            inv = np.float32(1.0) / l[i]
+            a, o = acc[i], out[q0 + i, qc:qc + hd]
+            for d in range(hd):
+                o[d] = a[d] * inv
+
+
+@jit
+def attend_rows_head(q, k, v, kv_len, out, h, kv_h, head_dim, causal):
+    """Online-softmax attention for query head h, one query row at a time over tiles of TILE
+    keys, reading only the first kv_len rows of k and v (a KV cache, in place). The article's
+    loop: decode's kernel, where a row is all there is; for prefill it loses 2-3x to the tiled
+    flash_head, whose score and value products are GEMMs. Causal: the q.rows queries are the
+    last positions, row i sees keys 0..kv_len - q.rows + i."""
+    hd = head_dim
+    qc, kc = h * hd, kv_h * hd
+    scale = np.float32(1.0 / math.sqrt(hd))
+    q_row = np.empty(hd, np.float32)
+    acc = np.empty(hd, np.float32)
+    s = np.empty(TILE, np.float32)
+    shifted = np.empty(TILE, np.float32)
+    bits = np.empty(TILE, np.int32)
+    n_q = q.shape[0]
+    for i in range(n_q):
+        q_in = q[i, qc:qc + hd]
+        for d in range(hd):
+            q_row[d] = q_in[d] * scale
+        end = kv_len - n_q + i + 1 if causal else kv_len
+        m = np.float32(-np.inf)
+        total = np.float32(0.0)
+        acc[:] = 0.0
+        for t0 in range(0, end, TILE):
+            n = min(TILE, end - t0)
+            for j in range(n):
+                k_row = k[t0 + j, kc:kc + hd]
+                dot = np.float32(0.0)
+                for d in range(hd):
+                    dot += q_row[d] * k_row[d]
+                s[j] = dot
+            mx = m
+            for j in range(n):
+                mx = max(mx, s[j])
+            for j in range(n):
+                shifted[j] = s[j] - mx
+            exp_into(shifted, s, bits, n)
+            c = np.float32(math.exp(m - mx))  # 0 on the first tile (m = -inf)
+            total *= c
+            for d in range(hd):
+                acc[d] *= c
+            for j in range(n):
+                p = s[j]
+                total += p
+                v_row = v[t0 + j, kc:kc + hd]
+                for d in range(hd):
+                    acc[d] += p * v_row[d]
+            m = mx
+        inv = np.float32(1.0) / total
+        o = out[i, qc:qc + hd]
+        for d in range(hd):
+            o[d] = acc[d] * inv
+
+
+# -- serial drivers (the simd backend) -----------------------------------------------------------
+@jit
+def flash_heads(q, k, v, out, n_heads, n_kv_heads, head_dim, causal):
+    group = n_heads // n_kv_heads
+    for h in range(n_heads):
+        flash_head(q, k, v, out, h, h // group, head_dim, causal)
+
+
+@jit
+def attend_rows_heads(q, k, v, kv_len, out, n_heads, n_kv_heads, head_dim, causal):
+    group = n_heads // n_kv_heads
+    for h in range(n_heads):
+        attend_rows_head(q, k, v, kv_len, out, h, h // group, head_dim, causal)

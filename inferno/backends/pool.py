@@ -1,0 +1,231 @@
+"""`pool`: simd's kernels fanned out over the cores.
+
+One job per attention head for flash prefill and decode attention (each head writes only its own
+output columns), rows split across threads for matmul, matvec and the row-wise ops; BLAS inside a
+job runs on that job's thread only (see blas.py).
+
+The pool is Numba's own: a `prange` over heads or row ranges, launched from the calling thread,
+whose iterations run the serial kernels of kernels.py on a persistent team of worker threads.
+Measured here (2 cores) per parallel launch with two jobs: Numba's OpenMP layer 1.1 us, Python
+threads handing jobs to nogil kernels 45 us (a futex wake plus the GIL handoff, per job), Numba's
+workqueue layer 86 us. Decode makes about 7 launches per layer per token, so only the OpenMP
+layer keeps dispatch under the bandwidth cost it splits. Launches are serialised by a lock: Numba
+has one worker team per process, and its workqueue layer aborts when two Python threads launch
+into it at once.
+
+Small ops (one decode row of a norm, attention over a short cache) run serially on the calling
+thread: a launch costs more than their whole work.
+
+NOTE: the pool assumes its cores are its own, as llama.cpp's --threads does. OpenMP's workers
+spin between launches (that is the 1.1 us), and a launch waits for all of them: with a busy
+loop in another process on the second core, SmolLM2 decode fell from ~70 to 1-20 tokens/s here.
+OMP_WAIT_POLICY=passive (workers sleep; ~44 us per launch) held ~50 tokens/s under that load
+but gave ~53 instead of ~70 on free cores, so the default stays.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numba as nb
+import numpy as np
+
+from inferno.backends import kernels as K
+from inferno.backends.simd import SimdBackend, check_causal, contiguous
+from inferno.errors import InfernoError
+
+_LAUNCH = threading.Lock()  # NOTE: process-wide, like Numba's worker team it guards
+_THREADS_SET = threading.local()  # the count set with nb.set_num_threads, per calling thread
+
+
+@nb.njit(cache=True)
+def _bounds(n, c, chunks, align):
+    """Start of chunk c of `chunks` over n rows, on a multiple of `align`."""
+    if c >= chunks:
+        return n
+    return (n * c // chunks) // align * align
+
+
+@nb.njit(parallel=True, cache=True)
+def _matvec(w, x, y, chunks):
+    n = w.shape[0]
+    for c in nb.prange(chunks):
+        K.matvec(w, x, y, _bounds(n, c, chunks, 4), _bounds(n, c + 1, chunks, 4))
+
+
+@nb.njit(parallel=True, cache=True)
+def _gemm(a, b, out, chunks):
+    n = a.shape[0]
+    for c in nb.prange(chunks):
+        K.gemm_rows(a, b, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+
+
+@nb.njit(parallel=True, cache=True)
+def _rms_norm(x, w, eps, out, chunks):
+    n = x.shape[0]
+    for c in nb.prange(chunks):
+        K.rms_norm_rows(x, w, eps, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+
+
+@nb.njit(parallel=True, cache=True)
+def _rope(x, cos, sin, head_dim, out, chunks):
+    n = x.shape[0]
+    for c in nb.prange(chunks):
+        K.rope_rows(x, cos, sin, head_dim, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+
+
+@nb.njit(parallel=True, cache=True)
+def _silu_mul(gate, up, out, chunks):
+    n = gate.shape[0]
+    for c in nb.prange(chunks):
+        K.silu_mul_rows(gate, up, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+
+
+@nb.njit(parallel=True, cache=True)
+def _softmax(x, out, chunks):
+    n = x.shape[0]
+    for c in nb.prange(chunks):
+        K.softmax_rows(x, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+
+
+@nb.njit(parallel=True, cache=True)
+def _scale(x, s, out, chunks):
+    n = x.shape[0]
+    for c in nb.prange(chunks):
+        K.scale_rows(x, s, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+
+
+@nb.njit(parallel=True, cache=True)
+def _fill_upper(x, value, offset, out, chunks):
+    n = x.shape[0]
+    for c in nb.prange(chunks):
+        K.fill_upper_rows(x, value, offset, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+
+
+@nb.njit(parallel=True, cache=True)
+def _flash(q, k, v, out, n_heads, n_kv_heads, head_dim, causal):
+    group = n_heads // n_kv_heads
+    for h in nb.prange(n_heads):  # one job per head
+        K.flash_head(q, k, v, out, h, h // group, head_dim, causal)
+
+
+@nb.njit(parallel=True, cache=True)
+def _attend_rows(q, k, v, kv_len, out, n_heads, n_kv_heads, head_dim, causal):
+    group = n_heads // n_kv_heads
+    for h in nb.prange(n_heads):  # one job per head
+        K.attend_rows_head(q, k, v, kv_len, out, h, h // group, head_dim, causal)
+
+
+class PoolBackend(SimdBackend):
+    name = "pool"
+    # Below these sizes a launch costs more than it saves, and the op runs on the calling thread
+    # (decode on SmolLM2: a 576-wide norm is ~1.5 us of work, attention over 100 cached
+    # positions ~11 us).
+    parallel_min_elements = 1 << 15  # row-wise ops: rows x features; matmuls: multiply-adds
+    parallel_min_attention = 1 << 17  # query rows x keys x n_heads x head_dim
+
+    def __init__(self, threads: int | None = None):
+        cores = nb.config.NUMBA_NUM_THREADS  # the worker team's size: the cores, by default
+        threads = cores if threads is None else int(threads)
+        if not 1 <= threads <= cores:
+            raise InfernoError(f"--threads must be between 1 and {cores} (Numba's worker threads; "
+                               f"set NUMBA_NUM_THREADS to allow more), got {threads}")
+        self.threads = threads
+        super().__init__()
+
+    def _launch(self, kernel, *args) -> None:
+        with _LAUNCH:
+            # Numba's thread count belongs to the calling thread; set it when it differs (0.8 us).
+            if getattr(_THREADS_SET, "n", None) != self.threads:
+                nb.set_num_threads(self.threads)
+                _THREADS_SET.n = self.threads
+            kernel(*args)
+
+    def _rowwise(self, serial, parallel, work, out, *args) -> None:
+        """Run a row-range kernel over all of out's rows, split across threads when the work
+        (elements touched, or multiply-adds) pays for a launch."""
+        rows = out.shape[0]
+        if self.threads == 1 or rows < 2 or work < self.parallel_min_elements:
+            serial(*args, out, 0, rows)
+        else:
+            self._launch(parallel, *args, out, min(self.threads, rows))
+
+    # -- dense ops ------------------------------------------------------------------------------
+    def linear(self, x, w):
+        x = contiguous(x)
+        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
+        if x.shape[0] == 1:
+            if self.threads == 1 or w.size < self.parallel_min_elements:
+                K.matvec(w, x[0], out[0], 0, w.shape[0])
+            else:
+                self._launch(_matvec, w, x[0], out[0], self.threads)
+        else:
+            self._rowwise(K.gemm_rows, _gemm, out.size * x.shape[1], out, x, w.T)
+        return out
+
+    def matmul(self, a, b):
+        a, b = contiguous(a), contiguous(b)
+        out = np.empty((a.shape[0], b.shape[1]), dtype=np.float32)  # [m, n]
+        self._rowwise(K.gemm_rows, _gemm, out.size * a.shape[1], out, a, b)
+        return out
+
+    def rms_norm(self, x, w, eps: float):
+        x = contiguous(x)
+        out = np.empty_like(x)
+        self._rowwise(K.rms_norm_rows, _rms_norm, x.size, out, x, w, eps)
+        return out
+
+    def apply_rope(self, x, cos, sin, head_dim: int):
+        x = contiguous(x)
+        out = np.empty_like(x)
+        self._rowwise(K.rope_rows, _rope, x.size, out, x, contiguous(cos), contiguous(sin), head_dim)
+        return out
+
+    def silu_mul(self, gate, up):
+        gate, up = contiguous(gate), contiguous(up)
+        out = np.empty_like(gate)
+        self._rowwise(K.silu_mul_rows, _silu_mul, gate.size, out, gate, up)
+        return out
+
+    def softmax_rows(self, x):
+        x = contiguous(x)
+        out = np.empty_like(x)
+        self._rowwise(K.softmax_rows, _softmax, x.size, out, x)
+        return out
+
+    def scale(self, x, s: float):
+        x = contiguous(x)
+        out = np.empty_like(x)
+        self._rowwise(K.scale_rows, _scale, x.size, out, x, float(s))
+        return out
+
+    def fill_strict_upper_tri(self, x, value: float, offset: int = 0):
+        x = contiguous(x)
+        out = np.empty_like(x)
+        self._rowwise(K.fill_upper_rows, _fill_upper, x.size, out, x, float(value), int(offset))
+        return out
+
+    # -- attention ------------------------------------------------------------------------------
+    def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
+                                causal: bool):
+        q, k, v = contiguous(q), contiguous(k), contiguous(v)
+        check_causal(q, k, causal)
+        out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [seq_q, nh * hd]
+        if self.threads == 1 or q.shape[0] * k.shape[0] * n_heads * head_dim < self.parallel_min_attention:
+            K.flash_heads(q, k, v, out, n_heads, n_kv_heads, head_dim, bool(causal))
+        else:
+            self._launch(_flash, q, k, v, out, n_heads, n_kv_heads, head_dim, bool(causal))
+        return out
+
+    def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
+                        head_dim: int):
+        q = contiguous(q)
+        check_causal(q, k_cache[:kv_len], True)
+        out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [new, nh * hd]
+        args = (q, contiguous(k_cache), contiguous(v_cache), int(kv_len), out, n_heads, n_kv_heads,
+                head_dim, True)
+        if self.threads == 1 or q.shape[0] * kv_len * n_heads * head_dim < self.parallel_min_attention:
+            K.attend_rows_heads(*args)
+        else:
+            self._launch(_attend_rows, *args)
+        return out
