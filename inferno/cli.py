@@ -13,6 +13,7 @@ import sys
 
 from inferno.backends import backend_names
 from inferno.errors import InfernoError
+from inferno.model.resolve import DEFAULT_MODEL
 from inferno.model.sampling import SamplingParams
 
 EXIT_ERROR = 1
@@ -29,8 +30,9 @@ def _positive_int(text: str) -> int:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """Flags every command that loads a model shares."""
-    p.add_argument("--model", "-m", default=None,
-                   help="model folder (config.json, *.safetensors, tokenizer.json)")
+    p.add_argument("--model", "-m", default=DEFAULT_MODEL,
+                   help="a model folder, a .gguf file, a hub id (Qwen/Qwen3-0.6B) or an alias "
+                        "(see `inferno list`); aliases are fetched on first use")
     p.add_argument("--backend", "-b", default="cpu", choices=backend_names(),
                    help="how every op runs")
     p.add_argument("--threads", type=_positive_int, default=None,
@@ -72,13 +74,42 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
     g.add_argument("--trace", action="store_true", help="print a histogram of every backend op after generation")
     g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("chat", help="talk with a model, turn by turn (/clear, /bye)", formatter_class=fmt)
+    add_model_args(c)
+    add_sampling_args(c)
+    c.add_argument("--verbose", "-v", action="store_true", help="print stats after each reply")
+    c.set_defaults(func=cmd_chat)
+
+    pl = sub.add_parser("pull", help="fetch a model (an alias or a hub id) ahead of time", formatter_class=fmt)
+    pl.add_argument("name", help="an alias (see `inferno list`) or a hub id such as Qwen/Qwen3-0.6B")
+    pl.set_defaults(func=cmd_pull)
+
+    ls = sub.add_parser("list", help="list the model aliases and what is cached", formatter_class=fmt)
+    ls.set_defaults(func=cmd_list)
+
+    # bench takes lists where the other commands take one value: --backend and --flash are
+    # redefined (conflict_handler="resolve") on top of the shared model flags.
+    b = sub.add_parser("bench", help="throughput table, llama-bench style: pp (prefill) and tg "
+                       "(decode) tokens/s per backend", formatter_class=fmt, conflict_handler="resolve")
+    add_model_args(b)
+    b.add_argument("--backend", "-b", action="append", default=argparse.SUPPRESS,
+                   help="backends to compare: a comma list or the flag repeated (default: cpu,simd,pool)")
+    b.add_argument("--flash", default="on", help="on, off (materialized scores) or on,off for both")
+    b.add_argument("--n-prompt", "--prompt-tokens", "-p", default="512",
+                   help="synthetic prompt sizes for the ppN tests, comma list; 0 skips them")
+    b.add_argument("--n-gen", "-n", default="128",
+                   help="tokens to decode for the tgN tests, comma list; 0 skips them")
+    b.add_argument("--repetitions", "-r", type=_positive_int, default=5,
+                   help="timed runs per test, after one warm-up run")
+    b.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompt")
+    b.add_argument("--json", action="store_true", help="print JSON (every run's time) instead of the table")
+    b.set_defaults(func=cmd_bench)
     return parser
 
 
 def load_engine(args, trace: bool = False):
     from inferno.engine import load
-    if args.model is None:
-        raise InfernoError("no --model given: pass a model folder")
     return load(args.model, backend=args.backend, flash=args.flash == "on", trace=trace,
                 threads=args.threads, device=args.device, dtype=args.dtype)
 
@@ -124,6 +155,48 @@ def cmd_generate(args) -> int:
             print(engine.ops.format_histogram(), file=sys.stderr)
     finally:
         engine.close()
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from inferno.chat import run_chat
+    SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.seed)
+    if args.max_tokens < 1:
+        raise InfernoError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    engine = load_engine(args)
+    try:
+        print(f"load: {engine.load_s:.2f} s ({engine.source}, {engine.backend} backend)", file=sys.stderr)
+        return run_chat(engine, system=args.system, think=not args.no_think, verbose=args.verbose,
+                        format_stats=format_stats, **sampling_options(args))
+    finally:
+        engine.close()
+
+
+def cmd_pull(args) -> int:
+    from inferno.model.resolve import pull
+    print(pull(args.name))
+    return 0
+
+
+def cmd_list(args) -> int:
+    from inferno.model.resolve import cache_dir, list_models
+    print(f"{'NAME':<16} {'SOURCE':<28} {'SIZE':>8}  WHERE")
+    for m in list_models():
+        size = f"{m['size'] / 1e6:.0f} MB" if m["path"] else "-"
+        where = str(m["path"]) if m["path"] else f"not fetched: inferno pull {m['name']}"
+        name = m["name"] + (" *" if m["default"] else "")
+        print(f"{name:<16} {m['origin']:<28} {size:>8}  {where}")
+    print(f"(* the default model; inferno's cache: {cache_dir()}, set INFERNO_CACHE to move it)")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from inferno import bench
+    rows = bench.run(args.model, bench.parse_names(getattr(args, "backend", ["cpu,simd,pool"])),
+                     flash=bench.parse_flash(args.flash), n_prompts=bench.parse_sizes(args.n_prompt, "-p"),
+                     n_gens=bench.parse_sizes(args.n_gen, "-n"), reps=args.repetitions, seed=args.seed,
+                     backend_options=dict(threads=args.threads, device=args.device, dtype=args.dtype))
+    print(bench.to_json(rows) if args.json else bench.format_table(rows))
     return 0
 
 
