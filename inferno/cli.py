@@ -41,6 +41,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="torch backend device: cuda, mps or cpu (default: the first available)")
     p.add_argument("--dtype", default=None, choices=["f32", "bf16"],
                    help="torch/gpu backend weight dtype (default: f32)")
+    p.add_argument("--decode", default=None, choices=["pingpong", "serial"],
+                   help="gpu backend: the Triton decode kernel's KV loop (default: pingpong)")
+    p.add_argument("--prefill", default=None, choices=["sdpa", "materialized"],
+                   help="gpu backend: prefill attention path (default: sdpa)")
     p.add_argument("--flash", default="on", choices=["on", "off"],
                    help="off: prefill with materialized attention scores (for comparison)")
 
@@ -60,11 +64,20 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="context size in tokens (default: the model's)")
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default, unless the help already says it or there is none to show."""
+
+    def _get_help_string(self, action):
+        if "(default" in (action.help or "") or action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inferno", description="Run Qwen3 and Llama-family LLMs on CPU or GPU backends.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsFormatter
 
     g = sub.add_parser("generate", help="generate text from a prompt", formatter_class=fmt)
     add_model_args(g)
@@ -111,7 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
 def load_engine(args, trace: bool = False):
     from inferno.engine import load
     return load(args.model, backend=args.backend, flash=args.flash == "on", trace=trace,
-                threads=args.threads, device=args.device, dtype=args.dtype)
+                **backend_options(args))
+
+
+def backend_options(args) -> dict:
+    """The backend flags as create_backend options (None: not given)."""
+    return dict(threads=args.threads, device=args.device, dtype=args.dtype, decode=args.decode,
+                prefill=args.prefill)
 
 
 def sampling_options(args) -> dict:
@@ -195,7 +214,7 @@ def cmd_bench(args) -> int:
     rows = bench.run(args.model, bench.parse_names(getattr(args, "backend", ["cpu,simd,pool"])),
                      flash=bench.parse_flash(args.flash), n_prompts=bench.parse_sizes(args.n_prompt, "-p"),
                      n_gens=bench.parse_sizes(args.n_gen, "-n"), reps=args.repetitions, seed=args.seed,
-                     backend_options=dict(threads=args.threads, device=args.device, dtype=args.dtype))
+                     backend_options=backend_options(args))
     print(bench.to_json(rows) if args.json else bench.format_table(rows))
     return 0
 

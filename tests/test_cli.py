@@ -104,6 +104,8 @@ BAD = {
     "max-tokens zero": (["-n", "0"], "--max-tokens must be at least 1"),
     "unknown backend": (["--backend", "quantum"], "invalid choice: 'quantum'"),
     "bad number": (["--temperature", "hot"], "invalid float value: 'hot'"),
+    "flag of another backend": (["--decode", "serial"], "--decode does not apply to backend 'cpu' (only to: gpu)"),
+    "threads off the pool": (["--threads", "2"], "--threads does not apply to backend 'cpu' (only to: pool)"),
 }
 
 

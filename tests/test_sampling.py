@@ -56,3 +56,12 @@ def test_repeat_penalty_pushes_seen_tokens_down():
 def test_out_of_range_values_are_errors(bad):
     with pytest.raises(InfernoError):
         SamplingParams(**bad)
+
+
+def test_top_p_on_a_flat_distribution_looks_past_the_first_candidates():
+    """A nucleus wider than the first 64 candidates: 500 of 1000 equally likely tokens."""
+    flat = np.zeros(1000, dtype=np.float32)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=0.5, min_p=0.0, seed=0)
+    rng = np.random.default_rng(0)
+    got = {sample(flat, params, rng) for _ in range(5000)}
+    assert 400 < len(got) <= 501

@@ -39,7 +39,12 @@ class SamplingParams:
 
 def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
            previous: list[int] | None = None) -> int:
-    """One token id from `logits` [vocab]."""
+    """One token id from `logits` [vocab].
+
+    The filters run on a shrinking candidate set, not the whole vocabulary: top-k is one
+    partition over the vocabulary, and only the k survivors are sorted for top-p. Sorting all
+    151,936 of Qwen3's logits for every token would cost more than a decode step's attention.
+    """
     logits = np.asarray(logits, dtype=np.float64)
     if params.repeat_penalty != 1.0 and previous:
         seen = np.unique(np.asarray(previous, dtype=np.int64))
@@ -49,21 +54,31 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
         logits[seen] = np.where(vals > 0, vals / params.repeat_penalty, vals * params.repeat_penalty)
     if params.temperature == 0:
         return int(np.argmax(logits))
-    logits = logits / params.temperature
     if params.top_k and params.top_k < logits.size:
-        kth = np.partition(logits, -params.top_k)[-params.top_k]
-        logits = np.where(logits < kth, -np.inf, logits)
-    probs = np.exp(logits - logits.max())
+        ids = np.argpartition(logits, -params.top_k)[-params.top_k:]  # the k likeliest, unordered
+    else:
+        ids = np.arange(logits.size)
+    z = logits[ids] / params.temperature
+    probs = np.exp(z - z.max())
     probs /= probs.sum()
     if params.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        cumulative = np.cumsum(probs[order])
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        cut = int(np.searchsorted(cumulative, params.top_p)) + 1
-        keep = np.zeros_like(probs, dtype=bool)
-        keep[order[:cut]] = True
-        probs = np.where(keep, probs, 0.0)
+        # The nucleus is the smallest likeliest-first prefix whose mass reaches top_p (at least
+        # one token). Find a set of likeliest candidates that holds it by partitioning (64, then
+        # 4x more while their mass falls short), and sort only those.
+        m = min(ids.size, 64)
+        while True:
+            top = np.argpartition(-probs, m - 1)[:m] if m < ids.size else np.arange(ids.size)
+            if m == ids.size or probs[top].sum() >= params.top_p:
+                break
+            m = min(ids.size, 4 * m)
+        order = top[np.argsort(-probs[top], kind="stable")]
+        cut = int(np.searchsorted(np.cumsum(probs[order]), params.top_p)) + 1
+        ids, probs = ids[order[:cut]], probs[order[:cut]]
+    keep = np.ones(ids.size, dtype=bool)
     if params.min_p > 0.0:
-        probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
-    probs /= probs.sum()
-    return int(rng.choice(probs.size, p=probs))
+        keep = probs >= params.min_p * probs.max()
+    # One uniform draw against the cumulative mass (inverse CDF): what rng.choice(p=...) does,
+    # without its per-call validation of the whole distribution.
+    cdf = np.cumsum(np.where(keep, probs, 0.0))
+    pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return int(ids[min(pick, ids.size - 1)])
