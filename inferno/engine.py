@@ -69,12 +69,12 @@ class Session:
 
 
 class Engine:
-    def __init__(self, checkpoint: Checkpoint, ops, flash: bool = True, load_s: float = 0.0):
+    def __init__(self, checkpoint: Checkpoint, ops, flash: bool = True, load_s: float = 0.0, *,
+                 trace: bool = False, warm_up: bool = True):
         self.config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.source = checkpoint.source
         self.file_format = checkpoint.file_format
-        self.ops = ops
         self.backend = ops.name
         # Bytes of weights one decode step reads (every matrix, one embedding row), as float32.
         embed = checkpoint.tensors["model.embed_tokens.weight"]
@@ -84,6 +84,10 @@ class Engine:
         t0 = time.perf_counter()
         self.model = Qwen3Model(self.config, checkpoint.tensors, ops, flash=flash)
         checkpoint.tensors.clear()  # the backend holds the weights now
+        if warm_up:
+            self._warm_up()
+        # The tracer goes on after the warm-up, so its histogram holds only the user's calls.
+        self.ops = self.model.ops = TracingBackend(ops) if trace else ops
         self.load_s = load_s + time.perf_counter() - t0
 
     # -- public API -----------------------------------------------------------------------------
@@ -150,6 +154,16 @@ class Engine:
         self.close()
 
     # -- internals ------------------------------------------------------------------------------
+    def _warm_up(self) -> None:
+        """One short prefill and one decode step, so that JIT compilation, kernel caches (Numba's,
+        Triton's) and device libraries load during load(), not inside the first prompt's time to
+        first token; llama.cpp warms up the same way. The prefill is long enough to take the
+        pool backend's parallel paths."""
+        n = min(16, self.config.max_position_embeddings - 1)
+        cache = self.model.new_cache(n + 1)
+        self.model.forward(np.zeros(n, dtype=np.int64), cache, last_only=True)
+        self.model.ops.to_numpy(self.model.forward([0], cache, last_only=True))
+
     def _context_limit(self, ctx_size: int | None) -> int:
         model_max = self.config.max_position_embeddings
         if ctx_size is None:
@@ -261,6 +275,4 @@ def load(model: str | None = None, backend: str = "cpu", *, flash: bool = True, 
     t0 = time.perf_counter()
     ops = create_backend(backend, **backend_options)
     checkpoint = open_checkpoint(path, progress=progress)
-    if trace:
-        ops = TracingBackend(ops)
-    return Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0)
+    return Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0, trace=trace)
