@@ -28,6 +28,11 @@ def run_chat(engine: Engine, *, system: str | None = None, think: bool = True,
         raise InfernoError("this model has no chat template, so it cannot chat: use "
                            "`inferno generate --raw` to complete text instead")
     interactive = stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  input() gains line editing and history
+        except ImportError:  # not on every platform
+            pass
     messages: list[dict] = []
     session = Session()
     print(f"chat with {engine.source} ({engine.backend} backend); {HELP}", file=err, flush=True)

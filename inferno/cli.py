@@ -73,8 +73,15 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error, like inferno's own: the usage block would bury it."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inferno", description="Run Qwen3 and Llama-family LLMs on CPU or GPU backends.")
+    parser = Parser(prog="inferno", description="Run Qwen3 and Llama-family LLMs on CPU or GPU backends.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     fmt = DefaultsFormatter

@@ -19,7 +19,7 @@ from inferno.backends import create_backend
 from inferno.backends.tracing import TracingBackend
 from inferno.errors import InfernoError
 from inferno.model.loader import Checkpoint, open_checkpoint
-from inferno.model.qwen3 import Qwen3Model
+from inferno.model.qwen3 import Qwen3Model, expected_shapes
 from inferno.model.resolve import resolve
 from inferno.model.sampling import SamplingParams, sample
 
@@ -50,7 +50,9 @@ class Stream:
     result: GenerationResult | None = field(default=None)
 
     def __iter__(self):
-        self.result = yield from self._pieces
+        result = yield from self._pieces
+        if self.result is None:  # a second pass over a spent stream keeps the first result
+            self.result = result
 
 
 class Session:
@@ -76,14 +78,10 @@ class Engine:
         self.source = checkpoint.source
         self.file_format = checkpoint.file_format
         self.backend = ops.name
-        # Bytes of weights one decode step reads (every matrix, one embedding row), as float32.
-        embed = checkpoint.tensors["model.embed_tokens.weight"]
-        total = sum(t.size for t in checkpoint.tensors.values()) * 4
-        self.weight_bytes_per_token = total - (0 if self.config.tie_word_embeddings else embed.size * 4) \
-            + embed.shape[1] * 4
         t0 = time.perf_counter()
         self.model = Qwen3Model(self.config, checkpoint.tensors, ops, flash=flash)
         checkpoint.tensors.clear()  # the backend holds the weights now
+        self.weight_bytes_per_token = decode_weight_bytes(self.config, ops.weight_itemsize)
         if warm_up:
             self._warm_up()
         # The tracer goes on after the warm-up, so its histogram holds only the user's calls.
@@ -223,11 +221,14 @@ class Engine:
         t_first = time.perf_counter()
         sampled = [token]
         emitted = []
+        waited = 0.0  # time the consumer held a piece: not decode time
         while token not in eos and len(sampled) < max_tokens:
             piece = decoder.step(token)
             if piece:
                 emitted.append(piece)
+                t_out = time.perf_counter()
                 yield piece
+                waited += time.perf_counter() - t_out
             history.append(token)
             logits = ops.to_numpy(model.forward([token], cache, last_only=True))[0]
             fed.append(token)
@@ -246,7 +247,7 @@ class Engine:
             yield tail
         text = streamed + tail
         ttft = t_first - t0
-        decode_s = t_end - t_first
+        decode_s = t_end - t_first - waited
         return GenerationResult(
             text=text,
             token_ids=generated,
@@ -262,6 +263,15 @@ class Engine:
         )
 
 
+def decode_weight_bytes(config, itemsize: int) -> int:
+    """Bytes of weights one decode step reads: every matrix once and one embedding row (a tied
+    lm_head is the embedding, read whole), `itemsize` bytes per element."""
+    elements = sum(int(np.prod(shape)) for shape in expected_shapes(config).values())
+    if not config.tie_word_embeddings:
+        elements -= config.vocab_size * config.hidden_size  # only one row of the embedding
+    return (elements + config.hidden_size) * itemsize
+
+
 def load(model: str | None = None, backend: str = "cpu", *, flash: bool = True, trace: bool = False,
          progress: bool | None = None, **backend_options) -> Engine:
     """Load `model` onto `backend` (cpu, simd, pool, torch, gpu). `model` is a folder, a .gguf
@@ -274,5 +284,9 @@ def load(model: str | None = None, backend: str = "cpu", *, flash: bool = True, 
     path = resolve(model)  # a first-use download is not load time
     t0 = time.perf_counter()
     ops = create_backend(backend, **backend_options)
-    checkpoint = open_checkpoint(path, progress=progress)
-    return Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0, trace=trace)
+    try:
+        checkpoint = open_checkpoint(path, progress=progress)
+        return Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0, trace=trace)
+    except BaseException:
+        ops.close()  # give back threads, BLAS settings, device memory
+        raise

@@ -57,3 +57,77 @@ def test_cache_is_sized_for_the_request_not_the_model(engine, monkeypatch):
     monkeypatch.setattr(engine.model, "new_cache", lambda n: sizes.append(n) or new_cache(n))
     result = engine.generate("hi", max_tokens=7, temperature=0)
     assert sizes == [result.prompt_tokens + 7] and sizes[0] < engine.config.max_position_embeddings
+
+
+def test_decode_speed_does_not_count_the_consumers_time(engine):
+    import time
+    stream = engine.stream("Once upon a time", max_tokens=8, temperature=0.0)
+    for _ in stream:
+        time.sleep(0.05)
+    r = stream.result
+    assert r.generated_tokens >= 4
+    assert r.decode_s < 0.05  # the tiny model decodes in well under a millisecond a token
+    assert r.decode_tokens_per_s > 100
+
+
+def test_a_spent_stream_keeps_its_result(engine):
+    stream = engine.stream("hi", max_tokens=3, temperature=0)
+    first = "".join(stream)
+    assert "".join(stream) == "" and stream.result is not None and stream.result.text == first
+
+
+def test_weights_that_do_not_match_the_config_are_a_clear_error(qwen3_dir, tmp_path):
+    import json
+    import shutil
+
+    from inferno.errors import InfernoError
+    bad = tmp_path / "bad"
+    shutil.copytree(qwen3_dir, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["num_key_value_heads"] = 4
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InfernoError, match=r"k_proj.weight is \[48, 64\], the config implies \[96, 64\]"):
+        inferno.load(bad, progress=False)
+
+
+def test_a_failed_load_gives_the_backend_back():
+    from inferno.backends import blas
+    from inferno.errors import InfernoError
+    before = blas.thread_counts()
+    with pytest.raises(InfernoError):
+        inferno.load("/no/such/model", backend="pool")
+    assert blas.thread_counts() == before
+
+
+def test_tying_follows_the_weights_when_config_json_is_silent(qwen3_dir, llama_dir, tmp_path):
+    """LlamaConfig/Qwen3Config default to untied; a folder with lm_head.weight is untied, one
+    without is tied. Logits agree with transformers either way."""
+    import json
+    import shutil
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+    for src, tied in ((qwen3_dir, False), (llama_dir, True)):
+        folder = tmp_path / src.name
+        shutil.copytree(src, folder)
+        cfg = json.loads((folder / "config.json").read_text())
+        assert cfg.pop("tie_word_embeddings") is tied
+        (folder / "config.json").write_text(json.dumps(cfg))
+        ours = inferno.load(folder, progress=False)
+        assert ours.config.tie_word_embeddings is tied
+        ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)  # the untouched original
+        ids = [3, 14, 15, 92, 65]
+        with torch.no_grad():
+            want = ref(torch.tensor([ids])).logits[0].numpy()
+        np.testing.assert_allclose(ours.logits(ids), want, atol=2e-4)
+
+
+def test_decode_bytes_follow_the_weight_dtype(qwen3_dir, engine):
+    cfg = engine.config
+    per_layer = (cfg.q_width * 2 + cfg.kv_width * 2) * cfg.hidden_size \
+        + 3 * cfg.intermediate_size * cfg.hidden_size + 2 * cfg.hidden_size + 2 * cfg.head_dim
+    elements = cfg.num_hidden_layers * per_layer + cfg.hidden_size * (cfg.vocab_size + 2)  # lm_head, norm, a row
+    assert engine.weight_bytes_per_token == 4 * elements
+    bf16 = inferno.load(qwen3_dir, backend="torch", device="cpu", dtype="bf16", progress=False)
+    assert bf16.weight_bytes_per_token == 2 * elements

@@ -237,3 +237,15 @@ def test_unsupported_pre_tokenizer(llama_dir, tmp_path):
     path = write_gguf(llama_dir, tmp_path / "pre.gguf", pre="made-up-pre")
     assert_one_line_error(cli("generate", "-m", path, "-p", "hi"),
                           "GGUF pre-tokenizer 'made-up-pre' is not supported", "smollm")
+
+
+def test_gguf_only_hub_repo_says_how_to_get_one_file(tmp_path):
+    repo, rev = tmp_path / "hf" / "hub" / "models--acme--tiny-GGUF", "89abcdef" * 5
+    for sub in ("blobs", "refs", f"snapshots/{rev}"):
+        (repo / sub).mkdir(parents=True)
+    (repo / "refs" / "main").write_text(rev)
+    (repo / "blobs" / ("0" * 64)).write_text("{}")
+    (repo / "snapshots" / rev / "README.json").symlink_to(f"../../blobs/{'0' * 64}")
+    env = dict(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=CLOSED, INFERNO_CACHE=str(tmp_path / "cache"))
+    p = cli("generate", "-m", "acme/tiny-GGUF", "-p", "Hello", env=env)
+    assert_one_line_error(p, "acme/tiny-GGUF has no config.json", "hf download acme/tiny-GGUF NAME.gguf")

@@ -65,3 +65,7 @@ def test_top_p_on_a_flat_distribution_looks_past_the_first_candidates():
     rng = np.random.default_rng(0)
     got = {sample(flat, params, rng) for _ in range(5000)}
     assert 400 < len(got) <= 501
+
+
+def test_negative_seed_means_random_as_in_llama_cpp():
+    assert SamplingParams(seed=-1).seed is None

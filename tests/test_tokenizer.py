@@ -69,3 +69,11 @@ def test_stream_never_splits_a_character(pair):
 def test_eos_ids_include_the_chat_end_token(pair):
     ours, theirs = pair
     assert theirs.convert_tokens_to_ids("<|im_end|>") in ours.eos_ids
+
+
+def test_a_template_that_refuses_the_messages_is_a_clear_error(pair):
+    from inferno.errors import InfernoError
+    ours, _ = pair
+    strict = Tokenizer(ours.hf, chat_template="{{ raise_exception('System role not supported') }}")
+    with pytest.raises(InfernoError, match="System role not supported"):
+        strict.apply_chat_template([{"role": "system", "content": "x"}])

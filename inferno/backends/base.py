@@ -34,6 +34,7 @@ class Backend:
 
     name = "base"
     device = "cpu"
+    weight_itemsize = 4  # bytes per weight element as stored (float32)
 
     # -- tensors at the edges ------------------------------------------------------------------
     def from_numpy(self, a: np.ndarray):

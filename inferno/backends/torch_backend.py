@@ -73,6 +73,7 @@ class TorchBackend(Backend):
     def __init__(self, device: str | None = None, dtype: str | None = None):
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype)
+        self.weight_itemsize = self.dtype.itemsize
         self._last = (None, None)  # (host array, device tensor): tied embeddings convert once
 
     # -- tensors at the edges ------------------------------------------------------------------

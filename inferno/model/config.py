@@ -99,8 +99,11 @@ class ModelConfig:
         return inv
 
     @classmethod
-    def from_hf(cls, cfg: dict, extra_eos: tuple[int, ...] = ()) -> "ModelConfig":
-        """Build from a Hugging Face config.json dict (transformers 4.x and 5.x spellings)."""
+    def from_hf(cls, cfg: dict, extra_eos: tuple[int, ...] = (),
+                has_lm_head: bool | None = None) -> "ModelConfig":
+        """Build from a Hugging Face config.json dict (transformers 4.x and 5.x spellings).
+        `has_lm_head` (whether the weights hold lm_head.weight) decides tying when config.json
+        does not say."""
         arch = _architecture(cfg)
         for flag in ("attention_bias", "mlp_bias"):
             if cfg.get(flag):
@@ -128,8 +131,10 @@ class ModelConfig:
                 rms_norm_eps=float(cfg["rms_norm_eps"]),
                 rope_theta=float(rope_theta),
                 max_position_embeddings=int(cfg["max_position_embeddings"]),
-                # transformers' PretrainedConfig defaults tie_word_embeddings to true when absent.
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+                # Absent from config.json: LlamaConfig and Qwen3Config default to untied, and
+                # the weights settle it (no lm_head.weight means the embedding is the head).
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings",
+                                                 has_lm_head is False)),
                 qk_norm=(arch == "qwen3"),
                 rope_scaling=scaling,
                 bos_token_id=cfg.get("bos_token_id"),

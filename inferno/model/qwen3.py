@@ -47,7 +47,7 @@ class Qwen3Model:
         and dropped, so host copies do not outlive their conversion."""
         self.cfg, self.ops, self.flash = cfg, ops, flash
         tensors = dict(tensors)
-        _check_names(cfg, tensors)
+        check_weights(cfg, tensors)
         embed = tensors.pop("model.embed_tokens.weight")  # [vocab, hidden]
         lm_head = embed if cfg.tie_word_embeddings else tensors.pop("lm_head.weight")
         self.embed_tokens = ops.from_numpy(embed)
@@ -120,15 +120,38 @@ class Qwen3Model:
         return ops.linear(ops.silu_mul(gate, up), layer.down_proj)  # [n, hidden]
 
 
-def _check_names(cfg: ModelConfig, tensors: dict) -> None:
-    needed = ["model.embed_tokens.weight", "model.norm.weight"]
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the forward pass reads, by Hugging Face name, with its shape."""
+    hidden, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, hidden), "model.norm.weight": (hidden,)}
     if not cfg.tie_word_embeddings:
-        needed.append("lm_head.weight")
-    per_layer = ["input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                 "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj",
-                 "mlp.down_proj"] + (["self_attn.q_norm", "self_attn.k_norm"] if cfg.qk_norm else [])
-    needed += [f"model.layers.{i}.{p}.weight" for i in range(cfg.num_hidden_layers) for p in per_layer]
-    missing = [name for name in needed if name not in tensors]
-    if missing:
-        raise InfernoError(f"weights do not match config.json: {len(missing)} tensors missing "
-                           f"(first: {missing[0]})")
+        shapes["lm_head.weight"] = (cfg.vocab_size, hidden)
+    layer = {
+        "input_layernorm.weight": (hidden,),
+        "self_attn.q_proj.weight": (cfg.q_width, hidden),
+        "self_attn.k_proj.weight": (cfg.kv_width, hidden),
+        "self_attn.v_proj.weight": (cfg.kv_width, hidden),
+        "self_attn.o_proj.weight": (hidden, cfg.q_width),
+        "post_attention_layernorm.weight": (hidden,),
+        "mlp.gate_proj.weight": (inter, hidden),
+        "mlp.up_proj.weight": (inter, hidden),
+        "mlp.down_proj.weight": (hidden, inter),
+    }
+    if cfg.qk_norm:
+        layer.update({"self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,)})
+    for i in range(cfg.num_hidden_layers):
+        shapes.update({f"model.layers.{i}.{name}": shape for name, shape in layer.items()})
+    return shapes
+
+
+def check_weights(cfg: ModelConfig, tensors: dict) -> None:
+    """Every tensor present with the shape the config implies, or a one-line error naming the
+    first that is not: a mismatch would otherwise surface as a broadcast error mid-forward."""
+    for name, shape in expected_shapes(cfg).items():
+        if name not in tensors:
+            missing = sum(n not in tensors for n in expected_shapes(cfg))
+            raise InfernoError(f"weights do not match the config: {missing} tensors missing "
+                               f"(first: {name})")
+        if tuple(tensors[name].shape) != shape:
+            raise InfernoError(f"weights do not match the config: {name} is "
+                               f"{list(tensors[name].shape)}, the config implies {list(shape)}")

@@ -136,7 +136,7 @@ def fetch_hub(repo_id: str) -> Path:
         raise InfernoError(f"downloading {repo_id} needs huggingface-hub: pip install "
                            f"'inferno[hub]', or {hint}") from None
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+        folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
     except LocalEntryNotFoundError:
         raise InfernoError(f"cannot download {repo_id}: the Hugging Face hub is unreachable and it "
                            f"is not in the local Hugging Face cache; {hint}") from None
@@ -147,6 +147,12 @@ def fetch_hub(repo_id: str) -> Path:
         raise InfernoError(f"no model {repo_id} on the Hugging Face hub: check the id") from None
     except (HfHubHTTPError, OSError) as e:
         raise InfernoError(f"cannot download {repo_id} ({_one_line(e)}); {hint}") from None
+    if not (folder / "config.json").is_file():
+        # Only the files of a transformers folder are fetched: a repo of GGUF quantisations
+        # would otherwise download every one of them.
+        raise InfernoError(f"{repo_id} has no config.json on the hub (a GGUF-only repo?): fetch "
+                           f"one file with `hf download {repo_id} NAME.gguf` and pass its path")
+    return folder
 
 
 def list_models() -> list[dict]:

@@ -22,9 +22,11 @@ class SamplingParams:
     top_p: float = 0.95  # 1: off
     min_p: float = 0.05  # 0: off
     repeat_penalty: float = 1.0  # 1: off
-    seed: int | None = None
+    seed: int | None = None  # None, or negative as llama.cpp's -1: a fresh random seed
 
     def __post_init__(self):
+        if self.seed is not None and self.seed < 0:
+            object.__setattr__(self, "seed", None)
         if not (self.temperature >= 0):
             raise InfernoError(f"--temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if self.top_k < 0:

@@ -50,9 +50,14 @@ class Tokenizer:
         enable_thinking=False for Qwen3)."""
         if not self.chat_template:
             raise InfernoError("this model has no chat template: pass --raw to send the prompt as is")
+        import jinja2
+
         template = _compile(self.chat_template)
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               **self.special_tokens, **kwargs)
+        try:
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                   **self.special_tokens, **kwargs)
+        except jinja2.TemplateError as e:  # raise_exception() in the template, or a bad template
+            raise InfernoError(f"the model's chat template refused these messages: {e}") from None
 
     @classmethod
     def from_folder(cls, folder: Path, eos_ids=()) -> "Tokenizer":
