@@ -31,7 +31,7 @@ import numba as nb
 import numpy as np
 
 from inferno.backends import kernels as K
-from inferno.backends.simd import SimdBackend, check_causal, contiguous
+from inferno.backends.simd import SimdBackend, contiguous
 from inferno.errors import InfernoError
 
 _LAUNCH = threading.Lock()  # NOTE: process-wide, like Numba's worker team it guards
@@ -206,26 +206,13 @@ class PoolBackend(SimdBackend):
         return out
 
     # -- attention ------------------------------------------------------------------------------
-    def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
-                                causal: bool):
-        q, k, v = contiguous(q), contiguous(k), contiguous(v)
-        check_causal(q, k, causal)
-        out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [seq_q, nh * hd]
-        if self.threads == 1 or q.shape[0] * k.shape[0] * n_heads * head_dim < self.parallel_min_attention:
-            K.flash_heads(q, k, v, out, n_heads, n_kv_heads, head_dim, bool(causal))
+    def _attention(self, kernel, work: int, *args) -> None:
+        """simd's all-heads kernels, one job per head when the work pays for a launch."""
+        if self.threads == 1 or work < self.parallel_min_attention:
+            kernel(*args)
         else:
-            self._launch(_flash, q, k, v, out, n_heads, n_kv_heads, head_dim, bool(causal))
-        return out
+            self._launch(_PER_HEAD[kernel], *args)
 
-    def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
-                        head_dim: int):
-        q = contiguous(q)
-        check_causal(q, k_cache[:kv_len], True)
-        out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [new, nh * hd]
-        args = (q, contiguous(k_cache), contiguous(v_cache), int(kv_len), out, n_heads, n_kv_heads,
-                head_dim, True)
-        if self.threads == 1 or q.shape[0] * kv_len * n_heads * head_dim < self.parallel_min_attention:
-            K.attend_rows_heads(*args)
-        else:
-            self._launch(_attend_rows, *args)
-        return out
+
+# simd's serial all-heads kernel -> the same work as one prange job per head.
+_PER_HEAD = {K.flash_heads: _flash, K.attend_rows_heads: _attend_rows}

@@ -114,7 +114,8 @@ class SimdBackend(Backend):
         q, k, v = contiguous(q), contiguous(k), contiguous(v)
         check_causal(q, k, causal)
         out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [seq_q, nh * hd]
-        K.flash_heads(q, k, v, out, n_heads, n_kv_heads, head_dim, bool(causal))
+        self._attention(K.flash_heads, q.shape[0] * k.shape[0] * n_heads * head_dim,
+                        q, k, v, out, n_heads, n_kv_heads, head_dim, bool(causal))
         return out
 
     def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
@@ -122,6 +123,12 @@ class SimdBackend(Backend):
         q = contiguous(q)
         check_causal(q, k_cache[:kv_len], True)
         out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [new, nh * hd]
-        K.attend_rows_heads(q, contiguous(k_cache), contiguous(v_cache), int(kv_len), out,
-                            n_heads, n_kv_heads, head_dim, True)
+        self._attention(K.attend_rows_heads, q.shape[0] * kv_len * n_heads * head_dim,
+                        q, contiguous(k_cache), contiguous(v_cache), int(kv_len), out, n_heads,
+                        n_kv_heads, head_dim, True)
         return out
+
+    def _attention(self, kernel, work: int, *args) -> None:
+        """Run an all-heads attention kernel (`work`: query x key x head x head_dim products).
+        Here the heads run one after another; the pool backend fans them out."""
+        kernel(*args)
