@@ -129,9 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_engine(args, trace: bool = False):
-    from inferno.engine import load
-    return load(args.model, backend=args.backend, flash=args.flash == "on", trace=trace,
-                **backend_options(args))
+    """Check the sampling flags (cheap) before the load (not), load, print the load line."""
+    from inferno.engine import check_max_tokens, load
+    SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.seed)
+    check_max_tokens(args.max_tokens)
+    engine = load(args.model, backend=args.backend, flash=args.flash == "on", trace=trace,
+                  **backend_options(args))
+    print(f"load: {engine.load_s:.2f} s ({engine.source}, {engine.backend} backend)", file=sys.stderr)
+    return engine
 
 
 def backend_options(args) -> dict:
@@ -157,13 +162,8 @@ def format_stats(r) -> str:
 
 def cmd_generate(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    # Validate the cheap things before the expensive load.
-    SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.seed)
-    if args.max_tokens < 1:
-        raise InfernoError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     engine = load_engine(args, trace=args.trace)
     try:
-        print(f"load: {engine.load_s:.2f} s ({engine.source}, {engine.backend} backend)", file=sys.stderr)
         stream = engine.stream(prompt, system=args.system, think=not args.no_think, raw=args.raw,
                                **sampling_options(args))
         if args.json:
@@ -186,12 +186,8 @@ def cmd_generate(args) -> int:
 
 def cmd_chat(args) -> int:
     from inferno.chat import run_chat
-    SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.seed)
-    if args.max_tokens < 1:
-        raise InfernoError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     engine = load_engine(args)
     try:
-        print(f"load: {engine.load_s:.2f} s ({engine.source}, {engine.backend} backend)", file=sys.stderr)
         return run_chat(engine, system=args.system, think=not args.no_think, verbose=args.verbose,
                         format_stats=format_stats, **sampling_options(args))
     finally:

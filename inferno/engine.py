@@ -127,8 +127,7 @@ class Engine:
         """Like generate, as an iterator of text pieces; `.result` holds the stats afterwards.
         With a `session`, the KV cache of earlier calls is reused for the prompt's shared prefix."""
         params = SamplingParams(**sampling)
-        if max_tokens < 1:
-            raise InfernoError(f"--max-tokens must be at least 1, got {max_tokens}")
+        check_max_tokens(max_tokens)
         if prompt_ids is None:
             prompt_ids = self.encode_prompt(prompt, system=system, think=think, raw=raw)
         ids = self._check_ids(prompt_ids)
@@ -261,6 +260,11 @@ class Engine:
             decode_s=decode_s,
             cached_tokens=start,
         )
+
+
+def check_max_tokens(max_tokens: int) -> None:
+    if max_tokens < 1:
+        raise InfernoError(f"--max-tokens must be at least 1, got {max_tokens}")
 
 
 def decode_weight_bytes(config, itemsize: int) -> int:

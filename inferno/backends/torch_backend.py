@@ -133,11 +133,9 @@ class TorchBackend(Backend):
         return g.reshape(rows, width).to(x.dtype)
 
     def rope_tables(self, positions: np.ndarray, inv_freq: np.ndarray):
-        # Angles in float64 on the host (MPS has no float64), rounded once.
-        angles = np.outer(np.asarray(positions, dtype=np.float64), inv_freq)
-        cos = torch.from_numpy(np.cos(angles).astype(np.float32)).to(self.device)
-        sin = torch.from_numpy(np.sin(angles).astype(np.float32)).to(self.device)
-        return cos, sin  # each [len(positions), head_dim // 2], float32
+        # The reference's float64 angles on the host (MPS has no float64), moved over once.
+        cos, sin = super().rope_tables(positions, inv_freq)
+        return torch.from_numpy(cos).to(self.device), torch.from_numpy(sin).to(self.device)
 
     def apply_rope(self, x, cos, sin, head_dim: int):
         rows, width = x.shape

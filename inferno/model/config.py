@@ -99,11 +99,12 @@ class ModelConfig:
         return inv
 
     @classmethod
-    def from_hf(cls, cfg: dict, extra_eos: tuple[int, ...] = (),
+    def from_hf(cls, cfg: dict, extra_eos: int | list[int] | tuple[int, ...] | None = (),
                 has_lm_head: bool | None = None) -> "ModelConfig":
         """Build from a Hugging Face config.json dict (transformers 4.x and 5.x spellings).
-        `has_lm_head` (whether the weights hold lm_head.weight) decides tying when config.json
-        does not say."""
+        `extra_eos` is another eos_token_id field (generation_config.json's: an id, a list or
+        None). `has_lm_head` (whether the weights hold lm_head.weight) decides tying when
+        config.json does not say."""
         arch = _architecture(cfg)
         for flag in ("attention_bias", "mlp_bias"):
             if cfg.get(flag):
@@ -117,8 +118,6 @@ class ModelConfig:
             if rope_theta is None:
                 raise KeyError("rope_theta")
             scaling = _rope_scaling(cfg.get("rope_scaling") or rope_params)
-            eos = cfg.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             return cls(
                 architecture=arch,
                 vocab_size=int(cfg["vocab_size"]),
@@ -138,7 +137,7 @@ class ModelConfig:
                 qk_norm=(arch == "qwen3"),
                 rope_scaling=scaling,
                 bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=_unique(eos_ids + tuple(extra_eos)),
+                eos_token_ids=_unique(_ids(cfg.get("eos_token_id")) + _ids(extra_eos)),
             )
         except KeyError as e:
             raise InfernoError(f"model config: config.json has no {e.args[0]!r} field") from None
@@ -162,6 +161,13 @@ def _rope_scaling(params: dict) -> RopeScaling:
         return RopeScaling()
     keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     return RopeScaling(rope_type=rope_type, **{k: params[k] for k in keys if k in params})
+
+
+def _ids(value) -> tuple:
+    """An eos_token_id field as a tuple: JSON spells it as one id, a list of ids or null."""
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
 def _unique(ids: tuple) -> tuple[int, ...]:

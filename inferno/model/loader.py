@@ -49,10 +49,9 @@ def load_hf_folder(folder: Path, progress: bool = False) -> Checkpoint:
         raise InfernoError(f"{folder}: no config.json (a model folder holds {FOLDER_CONTENTS})")
     raw = read_json(config_path)
     generation = read_json(folder / "generation_config.json")
-    extra_eos = generation.get("eos_token_id")
-    extra_eos = tuple(extra_eos) if isinstance(extra_eos, list) else ((extra_eos,) if extra_eos is not None else ())
     tensors = load_folder_tensors(folder, progress_bar(progress))
-    config = ModelConfig.from_hf(raw, extra_eos=extra_eos, has_lm_head="lm_head.weight" in tensors)
+    config = ModelConfig.from_hf(raw, extra_eos=generation.get("eos_token_id"),
+                                 has_lm_head="lm_head.weight" in tensors)
     tokenizer = Tokenizer.from_folder(folder, eos_ids=config.eos_token_ids)
     return Checkpoint(config, tensors, tokenizer, source=str(folder))
 

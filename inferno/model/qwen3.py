@@ -147,9 +147,10 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def check_weights(cfg: ModelConfig, tensors: dict) -> None:
     """Every tensor present with the shape the config implies, or a one-line error naming the
     first that is not: a mismatch would otherwise surface as a broadcast error mid-forward."""
-    for name, shape in expected_shapes(cfg).items():
+    expected = expected_shapes(cfg)
+    for name, shape in expected.items():
         if name not in tensors:
-            missing = sum(n not in tensors for n in expected_shapes(cfg))
+            missing = sum(n not in tensors for n in expected)
             raise InfernoError(f"weights do not match the config: {missing} tensors missing "
                                f"(first: {name})")
         if tuple(tensors[name].shape) != shape:
