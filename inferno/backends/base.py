@@ -22,11 +22,15 @@ TILE = 64
 
 # Every operation the model may call; the tracing backend times exactly these.
 OPS = (
-    "embedding", "linear", "matmul", "rms_norm", "rope_tables", "apply_rope", "silu_mul", "add",
-    "softmax_rows", "scale", "transpose_2d", "fill_strict_upper_tri", "copy_2d_from_cols",
-    "copy_2d_into_cols", "rows", "write_rows", "flash_attention_prefill",
-    "materialized_attention", "fused_attention",
+    "embedding", "linear", "linear_many", "matmul", "rms_norm", "rope_tables", "apply_rope",
+    "silu_mul", "gelu_mul", "add", "softmax_rows", "scale", "transpose_2d",
+    "fill_strict_upper_tri", "copy_2d_from_cols", "copy_2d_into_cols", "rows", "write_rows",
+    "write_kv", "read_kv", "flash_attention_prefill", "materialized_attention",
+    "fused_attention", "decode_attention",
 )
+
+# KV cache element types (`--cache-type`): what one layer's K or V buffer stores.
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
 
 
 class Backend:
@@ -51,6 +55,14 @@ class Backend:
     def zeros(self, rows: int, cols: int):
         return np.zeros((rows, cols), dtype=np.float32)
 
+    def kv_buffer(self, slots: int, capacity: int, width: int, cache_type: str = "f32"):
+        """One layer's K or V cache: `slots` sequences of `capacity` positions x `width`
+        (n_kv_heads * head_dim) features, stored as `cache_type` (see CACHE_TYPES). Written with
+        write_kv, read with read_kv and decode_attention; never touched directly by the model."""
+        if cache_type != "f32":
+            raise NotImplementedError(f"{self.name}: cache type {cache_type}")  # TODO: attention work
+        return np.zeros((slots, capacity, width), dtype=np.float32)
+
     def synchronize(self) -> None:
         """Wait for queued device work (timing points call this); CPU backends are synchronous."""
 
@@ -70,6 +82,11 @@ class Backend:
     def linear(self, x, w):
         """x [rows, in] @ w.T for w [out, in] -> [rows, out]; a matvec when rows == 1."""
         return x @ w.T
+
+    def linear_many(self, x, ws):
+        """[linear(x, w) for w in ws]: several weights applied to one input (q/k/v, gate/up), which
+        a backend may run as one launch."""
+        return [self.linear(x, w) for w in ws]
 
     def matmul(self, a, b):
         """a [m, k] @ b [k, n] -> [m, n]."""
@@ -105,7 +122,14 @@ class Backend:
         """SwiGLU: silu(gate) * up."""
         return gate / (1.0 + np.exp(-gate)) * up
 
+    def gelu_mul(self, gate, up):
+        """GeGLU with the tanh approximation (Gemma's gelu_pytorch_tanh): gelu(gate) * up."""
+        g = gate.astype(np.float32, copy=False)
+        inner = np.float32(math.sqrt(2.0 / math.pi)) * (g + np.float32(0.044715) * g * g * g)
+        return (np.float32(0.5) * g * (np.float32(1.0) + np.tanh(inner)) * up).astype(np.float32, copy=False)
+
     def add(self, a, b):
+        """a + b; b may be a [features] vector added to every row (a bias)."""
         return a + b
 
     def softmax_rows(self, x):
@@ -141,6 +165,17 @@ class Backend:
         """dst[start:start + len(src)] = src, in place (KV cache appends)."""
         dst[start:start + src.shape[0]] = src
 
+    # -- the KV cache ---------------------------------------------------------------------------
+    def write_kv(self, buf, slot: int, start: int, rows) -> None:
+        """buf[slot, start:start + len(rows)] = rows (float32 [n, width]), converted to the
+        buffer's cache type, in place."""
+        buf[slot, start:start + rows.shape[0]] = rows
+
+    def read_kv(self, buf, slot: int, start: int, stop: int):
+        """Positions start..stop of one slot as float32 [stop - start, width] (a chunk's prefill
+        after a cache reads the cached rows through this)."""
+        return np.ascontiguousarray(buf[slot, start:stop], dtype=np.float32)
+
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
                                 causal: bool):
@@ -160,6 +195,25 @@ class Backend:
         softmax as flash prefill; the cache is read in place, never copied."""
         return online_softmax_attention(q, k_cache[:kv_len], v_cache[:kv_len], n_heads,
                                         n_kv_heads, head_dim, causal=True)
+
+    def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
+                         head_dim: int, window: int = 0, scale: float | None = None):
+        """One decode step for a batch of sequences, each against its own cache slot.
+
+        q [B, n_heads * head_dim]: row b is the newest token of the sequence in cache slot
+        slots[b]; its K/V are already written at position kv_lens[b] - 1, so it attends to that
+        slot's keys max(0, kv_lens[b] - window) .. kv_lens[b] - 1 (window 0: all of them).
+        `scale` multiplies the scores (None: 1/sqrt(head_dim)). The cache is read in place.
+        Returns [B, n_heads * head_dim] float32."""
+        out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)
+        for b, (slot, kv_len) in enumerate(zip(slots, kv_lens)):
+            if window or scale is not None:
+                raise NotImplementedError("window/scale")  # TODO: attention work
+            out[b:b + 1] = online_softmax_attention(
+                q[b:b + 1], self.read_kv(k_buf, int(slot), 0, int(kv_len)),
+                self.read_kv(v_buf, int(slot), 0, int(kv_len)), n_heads, n_kv_heads, head_dim,
+                causal=True)
+        return out
 
     def materialized_attention(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
                                causal: bool):

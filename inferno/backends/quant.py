@@ -1,0 +1,95 @@
+"""Quantized weights: GGML block formats kept as they are stored, multiplied in place.
+
+A `QuantTensor` is a `[rows, cols]` linear weight (Hugging Face `[out, in]` order) whose rows are
+runs of GGML blocks: `data` is uint8 `[rows, row_bytes]`, normally a view into a memory-mapped
+GGUF file, so loading copies and dequantises nothing. Each backend decides how to multiply it:
+the reference dequantises tiles of rows and runs a float32 matmul; the Numba backends read the
+blocks directly; the torch backends dequantise once at load to their dtype.
+
+F16 and BF16 weights (a safetensors folder's usual dtypes) are QuantTensors too, with blocks of
+one element, so a folder's weights stay at 16 bits on the CPU backends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from inferno.errors import InfernoError
+
+
+@dataclass(frozen=True)
+class QType:
+    name: str  # GGML's spelling: "Q4_K"
+    ggml_id: int  # GGMLQuantizationType's value, as stored in a GGUF tensor table
+    block: int  # weights per block
+    block_bytes: int  # bytes per block
+
+    def row_bytes(self, cols: int) -> int:
+        return cols // self.block * self.block_bytes
+
+
+# The block formats inferno multiplies in place (layouts: ggml's ggml-common.h).
+QTYPES = {q.name: q for q in [
+    QType("F16", 1, 1, 2),
+    QType("BF16", 30, 1, 2),
+    QType("Q8_0", 8, 32, 34),  # f16 d, 32 x int8
+    QType("Q4_0", 2, 32, 18),  # f16 d, 16 bytes of nibbles (low nibbles: weights 0-15)
+    QType("Q4_1", 3, 32, 20),  # f16 d, f16 m, 16 bytes of nibbles
+    QType("Q5_0", 6, 32, 22),  # f16 d, 4 bytes of 5th bits, 16 bytes of nibbles
+    QType("Q5_1", 7, 32, 24),  # f16 d, f16 m, 4 bytes of 5th bits, 16 bytes of nibbles
+    QType("Q4_K", 12, 256, 144),  # f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 of nibbles
+    QType("Q5_K", 13, 256, 176),  # as Q4_K plus 32 bytes of 5th bits
+    QType("Q6_K", 14, 256, 210),  # 128 low nibbles, 64 of 2-bit highs, 16 int8 scales, f16 d
+]}
+QTYPES_BY_ID = {q.ggml_id: q for q in QTYPES.values()}
+
+
+class QuantTensor:
+    """A `[rows, cols]` weight in a GGML block format; `data` is uint8 `[rows, row_bytes]`."""
+
+    __slots__ = ("qtype", "shape", "data")
+
+    def __init__(self, qtype: QType | str, shape: tuple[int, int], data: np.ndarray):
+        qtype = QTYPES[qtype] if isinstance(qtype, str) else qtype
+        rows, cols = (int(d) for d in shape)
+        if cols % qtype.block:
+            raise InfernoError(f"a {qtype.name} tensor needs rows of whole {qtype.block}-weight "
+                               f"blocks, got {cols} columns")
+        data = np.asarray(data)
+        row_bytes = qtype.row_bytes(cols)
+        if data.dtype != np.uint8 or data.size != rows * row_bytes:
+            raise InfernoError(f"{qtype.name} data for [{rows}, {cols}] must be {rows * row_bytes} "
+                               f"bytes, got {data.size} of {data.dtype}")
+        self.qtype = qtype
+        self.shape = (rows, cols)
+        self.data = data.reshape(rows, row_bytes)  # a view: reshape of a contiguous buffer
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.size
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def __repr__(self) -> str:
+        return f"QuantTensor({self.qtype.name}, {list(self.shape)})"
+
+    def rows(self, r0: int, r1: int) -> "QuantTensor":
+        """Rows r0..r1, a view."""
+        return QuantTensor(self.qtype, (r1 - r0, self.shape[1]), self.data[r0:r1])
+
+    def take_rows(self, order: np.ndarray) -> "QuantTensor":
+        """The rows in `order` (a copy): whole rows of blocks move unchanged."""
+        return QuantTensor(self.qtype, (len(order), self.shape[1]), np.ascontiguousarray(self.data[order]))
+
+    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        """Rows r0..r1 as float32 `[r1 - r0, cols]`: the gguf package's dequantisation, the
+        reference every kernel is pinned to."""
+        from gguf.quants import dequantize
+
+        r1 = self.shape[0] if r1 is None else r1
+        out = dequantize(self.data[r0:r1], self.qtype.ggml_id)
+        return np.asarray(out, dtype=np.float32).reshape(r1 - r0, self.shape[1])
