@@ -262,7 +262,7 @@ class Bench:
         from inferno.model.tokenizer import Tokenizer
         shape = DRY["model"] if self.dry else QWEN3_06B
         cfg = ModelConfig(architecture="qwen3", rms_norm_eps=1e-6, rope_theta=1e6,
-                          max_position_embeddings=40960, tie_word_embeddings=True, qk_norm=True,
+                          max_position_embeddings=40960, tie_word_embeddings=True,
                           **shape)
         rng = np.random.default_rng(0)
         hd, hidden, inter = cfg.head_dim, cfg.hidden_size, cfg.intermediate_size

@@ -16,10 +16,11 @@ from typing import Callable, Iterator
 import numpy as np
 
 from inferno.backends import create_backend
+from inferno.backends.base import CACHE_TYPES
 from inferno.backends.tracing import TracingBackend
 from inferno.errors import InfernoError
 from inferno.model.loader import Checkpoint, open_checkpoint
-from inferno.model.qwen3 import Qwen3Model, expected_shapes
+from inferno.model.decoder import DecoderModel
 from inferno.model.resolve import resolve
 from inferno.model.sampling import SamplingParams, sample
 
@@ -72,16 +73,18 @@ class Session:
 
 class Engine:
     def __init__(self, checkpoint: Checkpoint, ops, flash: bool = True, load_s: float = 0.0, *,
-                 trace: bool = False, warm_up: bool = True):
+                 trace: bool = False, warm_up: bool = True, cache_type: str | None = None):
         self.config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.source = checkpoint.source
         self.file_format = checkpoint.file_format
         self.backend = ops.name
         t0 = time.perf_counter()
-        self.model = Qwen3Model(self.config, checkpoint.tensors, ops, flash=flash)
+        self.cache_type = check_cache_type(cache_type or getattr(ops, "default_cache_type", "f32"))
+        self.model = DecoderModel(self.config, checkpoint.tensors, ops, flash=flash,
+                                  cache_type=self.cache_type)
         checkpoint.tensors.clear()  # the backend holds the weights now
-        self.weight_bytes_per_token = decode_weight_bytes(self.config, ops.weight_itemsize)
+        self.weight_bytes_per_token = self.model.weight_bytes_per_token()
         if warm_up:
             self._warm_up()
         # The tracer goes on after the warm-up, so its histogram holds only the user's calls.
@@ -193,8 +196,8 @@ class Engine:
             doubled = min(2 * old.capacity, self.config.max_position_embeddings)
             session.cache = self.model.new_cache(max(capacity, doubled))
             for layer in range(len(old.k)) if start else ():  # copy the shared prefix over
-                self.ops.write_rows(session.cache.k[layer], self.ops.rows(old.k[layer], 0, start), 0)
-                self.ops.write_rows(session.cache.v[layer], self.ops.rows(old.v[layer], 0, start), 0)
+                for dst, src in ((session.cache.k, old.k), (session.cache.v, old.v)):
+                    self.ops.write_kv(dst[layer], 0, 0, self.ops.read_kv(src[layer], 0, 0, start))
         session.cache.length = start  # rows past `start` are stale; the next forward overwrites them
         session.ids = session.ids[:start]
         return session.cache, start
@@ -267,22 +270,20 @@ def check_max_tokens(max_tokens: int) -> None:
         raise InfernoError(f"--max-tokens must be at least 1, got {max_tokens}")
 
 
-def decode_weight_bytes(config, itemsize: int) -> int:
-    """Bytes of weights one decode step reads: every matrix once and one embedding row (a tied
-    lm_head is the embedding, read whole), `itemsize` bytes per element."""
-    elements = sum(int(np.prod(shape)) for shape in expected_shapes(config).values())
-    if not config.tie_word_embeddings:
-        elements -= config.vocab_size * config.hidden_size  # only one row of the embedding
-    return (elements + config.hidden_size) * itemsize
+def check_cache_type(cache_type: str) -> str:
+    if cache_type not in CACHE_TYPES:
+        raise InfernoError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
+    return cache_type
 
 
 def load(model: str | None = None, backend: str = "cpu", *, flash: bool = True, trace: bool = False,
-         progress: bool | None = None, **backend_options) -> Engine:
+         progress: bool | None = None, cache_type: str | None = None, **backend_options) -> Engine:
     """Load `model` onto `backend` (cpu, simd, pool, torch, gpu). `model` is a folder, a .gguf
     file, a hub id or an alias; None is the default model (smollm2-135m), fetched on first use.
     Backend options: threads (pool), device and dtype (torch). `flash=False` runs prefill with
     materialized scores; `trace=True` wraps the backend in the tracing backend
-    (engine.ops.format_histogram())."""
+    (engine.ops.format_histogram()). `cache_type` stores the KV cache as f32, f16, bf16 or q8_0
+    (default: the backend's, f16 on simd and pool)."""
     if progress is None:
         progress = sys.stderr.isatty()
     path = resolve(model)  # a first-use download is not load time
@@ -290,7 +291,8 @@ def load(model: str | None = None, backend: str = "cpu", *, flash: bool = True, 
     ops = create_backend(backend, **backend_options)
     try:
         checkpoint = open_checkpoint(path, progress=progress)
-        return Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0, trace=trace)
+        return Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0, trace=trace,
+                      cache_type=cache_type)
     except BaseException:
         ops.close()  # give back threads, BLAS settings, device memory
         raise

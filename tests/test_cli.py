@@ -66,8 +66,9 @@ def test_trace_shows_one_flash_call_per_layer(qwen3_dir):
     assert p.returncode == 0, p.stderr
     ops = histogram(p.stderr)
     assert ops["flash_attention_prefill"] == layers
-    assert ops["linear"] == 7 * layers + 1  # q k v o gate up down, and the lm head
-    for absent in ("fill_strict_upper_tri", "transpose_2d", "softmax_rows", "fused_attention"):
+    assert ops["linear_many"] == 2 * layers  # q/k/v and gate/up, each one call
+    assert ops["linear"] == 2 * layers + 1  # o and down, and the lm head
+    for absent in ("fill_strict_upper_tri", "transpose_2d", "softmax_rows", "decode_attention"):
         assert absent not in ops
 
 
@@ -77,8 +78,8 @@ def test_trace_of_decode_and_of_flash_off(qwen3_dir):
     assert p.returncode == 0, p.stderr
     ops = histogram(p.stderr)
     assert ops["materialized_attention"] == layers and "flash_attention_prefill" not in ops
-    decoded = ops["fused_attention"] // layers
-    assert ops["fused_attention"] == decoded * layers and 1 <= decoded <= 3
+    decoded = ops["decode_attention"] // layers
+    assert ops["decode_attention"] == decoded * layers and 1 <= decoded <= 3
 
 
 @pytest.fixture(scope="module")

@@ -49,10 +49,11 @@ def test_dtype_option():
 
 def test_every_op_is_torch():
     """No op falls through to the numpy default (which would silently copy to the host or
-    fail on a device tensor); materialized_attention is the generic composition of ops."""
+    fail on a device tensor); materialized_attention and linear_many are generic compositions of
+    ops."""
     inherited = [op for op in OPS + ("from_numpy", "weight", "to_numpy", "zeros", "synchronize")
                  if getattr(tb.TorchBackend, op) is getattr(Backend, op)]
-    assert inherited == ["materialized_attention"]
+    assert inherited == ["linear_many", "materialized_attention"]
 
 
 def test_tensors_stay_on_the_device_and_views_are_views():
@@ -92,7 +93,7 @@ def test_untied_embeddings_stay_separate(qwen3_dir):
 def test_bf16_weights_activations_and_cache(qwen3_dir):
     f32 = inferno.load(qwen3_dir, backend="torch", device="cpu", progress=False)
     bf16 = inferno.load(qwen3_dir, backend="torch", device="cpu", dtype="bf16", progress=False)
-    assert bf16.model.layers[0].q_proj.dtype == torch.bfloat16
+    assert bf16.model.layers[0].qkv[0].dtype == torch.bfloat16
     assert bf16.model.new_cache(4).k[0].dtype == torch.bfloat16
     want, got = f32.logits(IDS), bf16.logits(IDS)
     assert got.dtype == np.float32 and np.all(np.isfinite(got))
@@ -129,10 +130,10 @@ def test_trace_times_every_op_between_device_syncs(qwen3_dir, monkeypatch):
     result = eng.generate("Once upon a time", max_tokens=4, temperature=0)
     calls = dict((op, n) for op, n, _, _ in eng.ops.histogram())
     assert calls["flash_attention_prefill"] == eng.config.num_hidden_layers  # one prefill
-    assert calls["fused_attention"] == eng.config.num_hidden_layers * (result.generated_tokens - 1)
+    assert calls["decode_attention"] == eng.config.num_hidden_layers * (result.generated_tokens - 1)
     # two syncs around every op, plus the engine's own before timing
     assert len(syncs) >= 2 * sum(calls.values())
-    assert "fused_attention" in eng.ops.format_histogram()
+    assert "decode_attention" in eng.ops.format_histogram()
 
 
 def test_greedy_text_matches_cpu(llama_dir):

@@ -24,7 +24,7 @@ TILE = 64
 OPS = (
     "embedding", "linear", "linear_many", "matmul", "rms_norm", "rope_tables", "apply_rope",
     "silu_mul", "gelu_mul", "add", "softmax_rows", "scale", "transpose_2d",
-    "fill_strict_upper_tri", "copy_2d_from_cols", "copy_2d_into_cols", "rows", "write_rows",
+    "fill_strict_upper_tri", "copy_2d_from_cols", "copy_2d_into_cols", "rows", "take_rows", "write_rows",
     "write_kv", "read_kv", "flash_attention_prefill", "materialized_attention",
     "fused_attention", "decode_attention",
 )
@@ -161,6 +161,10 @@ class Backend:
         """Rows start..stop of x (a view where the backend can)."""
         return x[start:stop]
 
+    def take_rows(self, x, rows):
+        """x[rows] for an index array: the rows a step wants logits for."""
+        return x[np.asarray(rows, dtype=np.int64)]
+
     def write_rows(self, dst, src, start: int):
         """dst[start:start + len(src)] = src, in place (KV cache appends)."""
         dst[start:start + src.shape[0]] = src
@@ -178,7 +182,7 @@ class Backend:
 
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
-                                causal: bool):
+                                causal: bool, window: int = 0, scale: float | None = None):
         """softmax(q k^T / sqrt(head_dim)) v per head, streaming K/V in tiles of TILE keys with an
         online softmax: never more than one tile of scores per query row.
 
@@ -186,6 +190,7 @@ class Backend:
         head h // (n_heads // n_kv_heads). With `causal` the diagonal is bottom-right aligned:
         query row i sees keys 0..(seq_k - seq_q) + i, so a chunk after a cache works unchanged.
         """
+        _no_window_yet(window, scale)
         return online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal)
 
     def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
@@ -216,9 +221,10 @@ class Backend:
         return out
 
     def materialized_attention(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
-                               causal: bool):
+                               causal: bool, window: int = 0, scale: float | None = None):
         """The textbook path, per head: scores = q k^T, scale, mask, softmax, @ v, all through
         this backend's own ops. The reference flash is pinned to; `--flash off` runs it."""
+        _no_window_yet(window, scale)
         seq_q, seq_k = q.shape[0], k.shape[0]
         group = n_heads // n_kv_heads
         out = self.zeros(seq_q, n_heads * head_dim)
@@ -234,6 +240,11 @@ class Backend:
             ctx = self.matmul(self.softmax_rows(scores), v_h)  # [seq_q, head_dim]
             out = self.copy_2d_into_cols(out, ctx, h * head_dim)
         return out
+
+
+def _no_window_yet(window, scale):  # TODO: the attention work replaces this
+    if window or scale is not None:
+        raise NotImplementedError("sliding window / attention scale")
 
 
 def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, tile=TILE):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from inferno.backends.base import _no_window_yet
 from inferno.backends.torch_backend import TorchBackend, materialized_gqa
 from inferno.errors import InfernoError
 
@@ -52,7 +53,8 @@ class GpuBackend(TorchBackend):
         self.decode_variant, self.prefill_path = decode, prefill
 
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
-                                causal: bool):
+                                causal: bool, window: int = 0, scale: float | None = None):
+        _no_window_yet(window, scale)
         if self.prefill_path == "materialized":
             return materialized_gqa(q, k, v, n_heads, n_kv_heads, head_dim, causal)
         return sdpa_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal)

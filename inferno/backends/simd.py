@@ -20,7 +20,7 @@ import numpy as np
 
 from inferno.backends import blas
 from inferno.backends import kernels as K
-from inferno.backends.base import Backend
+from inferno.backends.base import Backend, _no_window_yet
 
 
 def contiguous(x) -> np.ndarray:
@@ -110,7 +110,8 @@ class SimdBackend(Backend):
 
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
-                                causal: bool):
+                                causal: bool, window: int = 0, scale: float | None = None):
+        _no_window_yet(window, scale)
         q, k, v = contiguous(q), contiguous(k), contiguous(v)
         check_causal(q, k, causal)
         out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [seq_q, nh * hd]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from inferno.backends.base import Backend
+from inferno.backends.base import Backend, _no_window_yet
 from inferno.errors import InfernoError
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -148,6 +148,9 @@ class TorchBackend(Backend):
     def silu_mul(self, gate, up):
         return F.silu(gate) * up
 
+    def gelu_mul(self, gate, up):
+        return F.gelu(gate, approximate="tanh") * up
+
     def add(self, a, b):
         return a + b
 
@@ -175,13 +178,28 @@ class TorchBackend(Backend):
     def rows(self, x, start: int, stop: int):
         return x[start:stop]  # a view
 
+    def take_rows(self, x, rows):
+        return x[torch.as_tensor(np.asarray(rows, dtype=np.int64), device=x.device)]
+
     def write_rows(self, dst, src, start: int):
         dst[start:start + src.shape[0]].copy_(src)
 
+    # -- the KV cache ---------------------------------------------------------------------------
+    def kv_buffer(self, slots: int, capacity: int, width: int, cache_type: str = "f32"):
+        # TODO: the attention work gives torch its cache types; today the activation dtype.
+        return torch.zeros(slots, capacity, width, dtype=self.dtype, device=self.device)
+
+    def write_kv(self, buf, slot: int, start: int, rows) -> None:
+        buf[slot, start:start + rows.shape[0]].copy_(rows)
+
+    def read_kv(self, buf, slot: int, start: int, stop: int):
+        return buf[slot, start:stop]  # a view
+
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
-                                causal: bool):
+                                causal: bool, window: int = 0, scale: float | None = None):
         """Not flash: materialized scores for every head at once (see the module docstring)."""
+        _no_window_yet(window, scale)
         return materialized_gqa(q, k, v, n_heads, n_kv_heads, head_dim, causal)
 
     def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
@@ -189,6 +207,13 @@ class TorchBackend(Backend):
         # The cache's first kv_len rows are views, not copies; one score row per head.
         return materialized_gqa(q, k_cache[:kv_len], v_cache[:kv_len], n_heads, n_kv_heads,
                                 head_dim, causal=True)
+
+    def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
+                         head_dim: int, window: int = 0, scale: float | None = None):
+        _no_window_yet(window, scale)  # TODO: the attention work batches this
+        return torch.cat([self.fused_attention(q[b:b + 1], k_buf[int(s)], v_buf[int(s)], int(n),
+                                               n_heads, n_kv_heads, head_dim)
+                          for b, (s, n) in enumerate(zip(slots, kv_lens))])
 
 
 def materialized_gqa(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, causal: bool):

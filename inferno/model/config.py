@@ -13,14 +13,44 @@ import numpy as np
 
 from inferno.errors import InfernoError
 
-# Hugging Face class name -> our architecture name. Qwen3 and Llama share one forward pass;
-# Qwen3 adds per-head RMSNorm on q and k (q_norm/k_norm).
+# Hugging Face class name (or model_type) -> our architecture name. One forward pass serves them
+# all; what differs between them is a Family, below.
 ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not read
 }
-MODEL_TYPES = {"qwen3": "qwen3", "llama": "llama"}
+MODEL_TYPES = {"qwen3": "qwen3", "llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3",
+               "gemma3": "gemma3"}
 ROPE_TYPES = ("default", "linear", "llama3")
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+
+
+@dataclass(frozen=True)
+class Family:
+    """The nameable ways a family's decoder block differs from Llama's."""
+
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
+    qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2)
+    sandwich_norms: bool = False  # also norm the attention and MLP outputs (Gemma 3)
+    norm_plus_one: bool = False  # RMSNorm scales by (1 + w) (Gemma); folded into w at load
+    scaled_embedding: bool = False  # embeddings times sqrt(hidden_size) (Gemma)
+
+
+FAMILIES = {
+    "llama": Family(),
+    "qwen2": Family(qkv_bias=True),
+    "qwen3": Family(qk_norm=True),
+    "gemma3": Family(qk_norm=True, sandwich_norms=True, norm_plus_one=True, scaled_embedding=True),
+}
+# Gemma3TextConfig's defaults, for a multimodal gemma3 config.json whose text_config leaves
+# them out (transformers fills them in the same way).
+GEMMA3_TEXT_DEFAULTS = dict(vocab_size=262208, head_dim=256, rms_norm_eps=1e-6, rope_theta=1e6,
+                            rope_local_base_freq=1e4, query_pre_attn_scalar=256,
+                            sliding_window=4096, sliding_window_pattern=6,
+                            hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072)
 
 
 @dataclass(frozen=True)
@@ -36,7 +66,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # "qwen3" or "llama"
+    architecture: str  # a key of FAMILIES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -45,13 +75,21 @@ class ModelConfig:
     num_key_value_heads: int
     head_dim: int
     rms_norm_eps: float
-    rope_theta: float
+    rope_theta: float  # the RoPE base of global layers
     max_position_embeddings: int
     tie_word_embeddings: bool
-    qk_norm: bool  # Qwen3: RMSNorm over each head of q and k before RoPE
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    activation: str = "silu"  # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    attention_scale: float | None = None  # scores x this; None: 1/sqrt(head_dim)
+    # Sliding-window attention: layer_windows[i] is layer i's window in keys, 0 for a global
+    # layer; () when every layer is global. Windowed layers take their RoPE base from
+    # rope_local_theta, unscaled (Gemma 3's local layers).
+    layer_windows: tuple[int, ...] = ()
+    rope_local_theta: float | None = None
+    # Llama 3.1 GGUFs store their RoPE scaling as a factor per frequency (rope_freqs.weight).
+    rope_freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self):
         positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -60,6 +98,8 @@ class ModelConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise InfernoError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if self.architecture not in FAMILIES:
+            raise InfernoError(f"model config: unknown architecture {self.architecture!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise InfernoError(
                 f"model config: num_attention_heads ({self.num_attention_heads}) must be a multiple "
@@ -69,6 +109,26 @@ class ModelConfig:
         if self.rope_scaling.rope_type not in ROPE_TYPES:
             raise InfernoError(f"model config: rope type {self.rope_scaling.rope_type!r} is not "
                                f"supported (supported: {', '.join(ROPE_TYPES)})")
+        if self.activation not in ("silu", "gelu_tanh"):
+            raise InfernoError(f"model config: activation {self.activation!r} is not supported "
+                               f"(supported: silu, gelu_pytorch_tanh)")
+        if self.layer_windows and (len(self.layer_windows) != self.num_hidden_layers
+                                   or min(self.layer_windows) < 0):
+            raise InfernoError(f"model config: {len(self.layer_windows)} layer windows for "
+                               f"{self.num_hidden_layers} layers")
+        if any(self.layer_windows) and self.rope_local_theta is None:
+            object.__setattr__(self, "rope_local_theta", self.rope_theta)
+        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
+            raise InfernoError(f"model config: {len(self.rope_freq_factors)} RoPE frequency factors "
+                               f"for head_dim {self.head_dim} (expected {self.head_dim // 2})")
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.architecture]
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.family.qk_norm
 
     @property
     def q_width(self) -> int:
@@ -78,10 +138,25 @@ class ModelConfig:
     def kv_width(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
-    def inv_freq(self) -> np.ndarray:
-        """RoPE inverse frequencies, [head_dim // 2] float64, with any scaling applied."""
+    @property
+    def scale(self) -> float:
+        """What attention scores are multiplied by."""
+        return self.attention_scale if self.attention_scale is not None else self.head_dim ** -0.5
+
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s sliding window in keys; 0 for global attention."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    def inv_freq(self, local: bool = False) -> np.ndarray:
+        """RoPE inverse frequencies, [head_dim // 2] float64: the global layers' with any scaling
+        applied, or (`local`) the sliding-window layers' plain ones."""
         half = self.head_dim // 2
-        inv = 1.0 / (self.rope_theta ** (np.arange(half, dtype=np.float64) * 2.0 / self.head_dim))
+        theta = self.rope_local_theta if local else self.rope_theta
+        inv = 1.0 / (theta ** (np.arange(half, dtype=np.float64) * 2.0 / self.head_dim))
+        if local:
+            return inv
+        if self.rope_freq_factors is not None:
+            return inv / np.asarray(self.rope_freq_factors, dtype=np.float64)
         rs = self.rope_scaling
         if rs.rope_type == "linear":
             inv = inv / rs.factor
@@ -106,24 +181,37 @@ class ModelConfig:
         None). `has_lm_head` (whether the weights hold lm_head.weight) decides tying when
         config.json does not say."""
         arch = _architecture(cfg)
-        for flag in ("attention_bias", "mlp_bias"):
+        top = cfg
+        if "text_config" in cfg:  # a multimodal config: the text model's fields
+            cfg = {**GEMMA3_TEXT_DEFAULTS, **cfg["text_config"]}
+        for flag in ("attention_bias", "mlp_bias", "final_logit_softcapping", "attn_logit_softcapping",
+                     "use_bidirectional_attention"):
             if cfg.get(flag):
-                raise InfernoError(f"model config: {flag}=true is not supported by inferno's {arch} forward pass")
+                raise InfernoError(f"model config: {flag}={cfg[flag]} is not supported by inferno's "
+                                   f"{arch} forward pass")
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
             head_dim = cfg.get("head_dim") or hidden // heads
+            layers = int(cfg["num_hidden_layers"])
+            # transformers 5 keeps RoPE parameters per layer type when they differ.
             rope_params = cfg.get("rope_parameters") or {}
-            rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta"))
+            global_rope = rope_params.get("full_attention", rope_params)
+            local_rope = rope_params.get("sliding_attention", {})
+            rope_theta = cfg.get("rope_theta", global_rope.get("rope_theta"))
             if rope_theta is None:
                 raise KeyError("rope_theta")
-            scaling = _rope_scaling(cfg.get("rope_scaling") or rope_params)
+            act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+            if act not in ACTIVATIONS:
+                raise InfernoError(f"model config: activation {act!r} is not supported "
+                                   f"(supported: {', '.join(ACTIVATIONS)})")
+            scale = cfg.get("query_pre_attn_scalar")
             return cls(
                 architecture=arch,
                 vocab_size=int(cfg["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(cfg["intermediate_size"]),
-                num_hidden_layers=int(cfg["num_hidden_layers"]),
+                num_hidden_layers=layers,
                 num_attention_heads=heads,
                 num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(head_dim),
@@ -132,15 +220,43 @@ class ModelConfig:
                 max_position_embeddings=int(cfg["max_position_embeddings"]),
                 # Absent from config.json: LlamaConfig and Qwen3Config default to untied, and
                 # the weights settle it (no lm_head.weight means the embedding is the head).
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings",
-                                                 has_lm_head is False)),
-                qk_norm=(arch == "qwen3"),
-                rope_scaling=scaling,
-                bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=_unique(_ids(cfg.get("eos_token_id")) + _ids(extra_eos)),
+                tie_word_embeddings=bool(top.get("tie_word_embeddings",
+                                                 cfg.get("tie_word_embeddings", has_lm_head is False))),
+                rope_scaling=_rope_scaling(cfg.get("rope_scaling") or global_rope),
+                bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
+                eos_token_ids=_unique(_ids(top.get("eos_token_id")) + _ids(cfg.get("eos_token_id"))
+                                      + _ids(extra_eos)),
+                activation=ACTIVATIONS[act],
+                attention_scale=float(scale) ** -0.5 if scale else None,
+                layer_windows=_layer_windows(cfg, arch, layers),
+                rope_local_theta=_float_or_none(cfg.get("rope_local_base_freq",
+                                                        local_rope.get("rope_theta"))),
             )
         except KeyError as e:
             raise InfernoError(f"model config: config.json has no {e.args[0]!r} field") from None
+
+
+def _layer_windows(cfg: dict, arch: str, layers: int) -> tuple[int, ...]:
+    """Each layer's sliding window (0: global) from `layer_types`, or from Gemma 3's older
+    `sliding_window_pattern` (every n-th layer global)."""
+    types = cfg.get("layer_types")
+    if types is None and arch == "gemma3":
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                 for i in range(layers)]
+    if not types or "sliding_attention" not in types:
+        return ()
+    window = cfg.get("sliding_window")
+    if not window:
+        raise InfernoError("model config: sliding_attention layers but no sliding_window size")
+    unknown = set(types) - {"sliding_attention", "full_attention"}
+    if unknown:
+        raise InfernoError(f"model config: layer type {sorted(unknown)[0]!r} is not supported")
+    return tuple(int(window) if t == "sliding_attention" else 0 for t in types)
+
+
+def _float_or_none(x) -> float | None:
+    return None if x is None else float(x)
 
 
 def _architecture(cfg: dict) -> str:
@@ -152,7 +268,8 @@ def _architecture(cfg: dict) -> str:
         return MODEL_TYPES[cfg["model_type"]]
     got = ", ".join(names) or cfg.get("model_type") or "none given"
     raise InfernoError(f"unsupported architecture {got}: inferno runs "
-                       f"{', '.join(ARCHITECTURES)} (Qwen3 and Llama-family models such as SmolLM2)")
+                       f"{', '.join(ARCHITECTURES)} (Qwen3, Qwen2, Gemma 3 and Llama-family models "
+                       f"such as SmolLM2)")
 
 
 def _rope_scaling(params: dict) -> RopeScaling:

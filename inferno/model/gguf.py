@@ -162,7 +162,6 @@ def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str)
         rope_theta=_f32(key("rope.freq_base", 10000.0)),  # llama.cpp's default when absent
         max_position_embeddings=int(key("context_length")),
         tie_word_embeddings="output.weight" not in infos,
-        qk_norm=(arch == "qwen3"),
         rope_scaling=scaling,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(tokenizer.eos_ids),

@@ -1,0 +1,287 @@
+"""The forward pass of the decoder families inferno runs (Llama, Qwen2, Qwen3, Gemma 3), written
+against `ops` only.
+
+    x = embed(tokens)                                  # x sqrt(hidden) for Gemma
+    for each layer:
+        x = x + post_norm(attention(rms_norm(x)))      # q/k norms, RoPE, GQA, sliding window
+        x = x + post_norm(mlp(rms_norm(x)))            # SwiGLU or GeGLU
+    logits = lm_head(rms_norm(x))
+
+`post_norm` is Gemma's sandwich norm and nothing for the others. What differs between families
+is a handful of named flags (config.Family) read once into each Layer, so this one forward walks
+them all: a flag is a weight that is present or None, never an `if gemma:`.
+
+One step runs a batch: segments of tokens from several sequences, each continuing its own KV
+cache slot at its own position. The linears see all rows at once (every weight read once per
+step, whatever the batch size); RoPE takes each row's position; attention runs per sequence
+against its own slot, the decoding ones together in one decode_attention call. A single
+sequence is the batch of one.
+
+Weights keep their Hugging Face names and `[out, in]` layout, as float32 arrays or quantized
+blocks (ops.weight decides how each backend keeps them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from inferno.errors import InfernoError
+from inferno.model.config import ModelConfig
+from inferno.model.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Tokens of one sequence in a step: `ids` continue cache slot `slot` from position `start`
+    (the slot already holds positions 0..start-1)."""
+
+    ids: np.ndarray  # [n] int64
+    slot: int = 0
+    start: int = 0
+
+
+class Layer:
+    """One decoder block's weights, as backend tensors; an absent piece is None."""
+
+    def __init__(self, ops, cfg: ModelConfig, tensors: dict, i: int):
+        p = f"model.layers.{i}."
+        fam = cfg.family
+        w = lambda name: ops.weight(tensors.pop(p + name))  # noqa: E731  [out, in] linear weight
+        v = lambda name: ops.from_numpy(tensors.pop(p + name))  # noqa: E731  vector
+        norm = lambda name: ops.from_numpy(norm_weight(tensors.pop(p + name), fam.norm_plus_one))  # noqa: E731
+
+        self.window = cfg.window(i)  # keys in the sliding window; 0: global attention
+        self.attn_norm = norm("input_layernorm.weight")  # [hidden]
+        # [n_heads * hd, hidden], [n_kv * hd, hidden] x 2
+        self.qkv = [w(f"self_attn.{x}_proj.weight") for x in "qkv"]
+        self.qkv_bias = [v(f"self_attn.{x}_proj.bias") for x in "qkv"] if fam.qkv_bias else None
+        self.q_norm = norm("self_attn.q_norm.weight") if fam.qk_norm else None  # [hd]
+        self.k_norm = norm("self_attn.k_norm.weight") if fam.qk_norm else None
+        self.o_proj = w("self_attn.o_proj.weight")  # [hidden, n_heads * hd]
+        if fam.sandwich_norms:
+            self.post_attn_norm = norm("post_attention_layernorm.weight")
+            self.mlp_norm = norm("pre_feedforward_layernorm.weight")
+            self.post_mlp_norm = norm("post_feedforward_layernorm.weight")
+        else:  # Llama's post_attention_layernorm is the norm before the MLP
+            self.post_attn_norm = self.post_mlp_norm = None
+            self.mlp_norm = norm("post_attention_layernorm.weight")
+        self.gate_up = [w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]  # [inter, hidden] x 2
+        self.down_proj = w("mlp.down_proj.weight")  # [hidden, intermediate]
+
+
+class _Batch:
+    """A step's segments laid out as rows: decoding segments (one token after a cache) first,
+    so their queries are one contiguous block for decode_attention."""
+
+    def __init__(self, segments: list[Segment], cached: bool):
+        decoding = [cached and s.ids.size == 1 and s.start > 0 for s in segments]
+        decode = [j for j, d in enumerate(decoding) if d]
+        prefill = [j for j, d in enumerate(decoding) if not d]
+        self.order = decode + prefill  # processing order -> index into `segments`
+        self.segments = [segments[j] for j in self.order]
+        self.n_decode = len(decode)
+        sizes = [s.ids.size for s in self.segments]
+        self.row0 = np.concatenate([[0], np.cumsum(sizes)]).astype(int)  # segment k: rows row0[k]..row0[k+1]
+        self.ids = np.concatenate([s.ids for s in self.segments])  # [rows]
+        self.positions = np.concatenate([np.arange(s.start, s.start + s.ids.size) for s in self.segments])
+        self.slots = np.array([s.slot for s in self.segments[:self.n_decode]], dtype=np.int64)
+        self.kv_lens = np.array([s.start + 1 for s in self.segments[:self.n_decode]], dtype=np.int64)
+
+
+class DecoderModel:
+    def __init__(self, cfg: ModelConfig, tensors: dict, ops, flash: bool = True,
+                 cache_type: str = "f32"):
+        """Takes ownership of `tensors` (HF names; float32 arrays or QuantTensors): each is
+        handed to the backend and dropped, so host copies do not outlive their conversion.
+        `cache_type` is new caches' element type (f32, f16, bf16, q8_0)."""
+        self.cfg, self.ops, self.flash, self.cache_type = cfg, ops, flash, cache_type
+        tensors = dict(tensors)
+        check_weights(cfg, tensors)
+        fam = cfg.family
+        embed = tensors.pop("model.embed_tokens.weight")  # [vocab, hidden]
+        self.embed_tokens = ops.weight(embed)
+        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else ops.weight(tensors.pop("lm_head.weight"))
+        # Gemma scales embeddings by sqrt(hidden), rounded to the embedding's dtype (float32 here).
+        self.embed_scale = float(np.float32(math.sqrt(cfg.hidden_size))) if fam.scaled_embedding else None
+        self.layers = [Layer(ops, cfg, tensors, i) for i in range(cfg.num_hidden_layers)]
+        self.norm = ops.from_numpy(norm_weight(tensors.pop("model.norm.weight"), fam.norm_plus_one))
+        # RoPE frequencies per kind of layer: global, and the sliding-window layers' own base.
+        self.inv_freq = {False: cfg.inv_freq()}  # [hd / 2]
+        if any(layer.window for layer in self.layers):
+            self.inv_freq[True] = cfg.inv_freq(local=True)
+
+    def new_cache(self, capacity: int, slots: int = 1) -> KVCache:
+        return KVCache(self.ops, self.cfg.num_hidden_layers, capacity, self.cfg.kv_width,
+                       slots=slots, cache_type=self.cache_type)
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads, as the backend stores them: every matrix and
+        norm once, and one embedding row (a tied lm_head is the embedding, read whole)."""
+        mats = [self.lm_head, self.norm]
+        for layer in self.layers:
+            mats += [*layer.qkv, layer.o_proj, *layer.gate_up, layer.down_proj, layer.attn_norm,
+                     layer.mlp_norm, *(layer.qkv_bias or ()),
+                     *(n for n in (layer.q_norm, layer.k_norm, layer.post_attn_norm,
+                                   layer.post_mlp_norm) if n is not None)]
+        embed_row = self.embed_tokens.nbytes // self.cfg.vocab_size
+        return sum(int(m.nbytes) for m in mats) + (0 if self.cfg.tie_word_embeddings else embed_row)
+
+    def forward(self, token_ids, cache: KVCache | None = None, last_only: bool = False):
+        """Logits for one sequence's `token_ids`, [n, vocab] (or [1, vocab] with `last_only`), as
+        a backend tensor. Without a cache this is one uncached pass over the whole sequence; with
+        one, the tokens continue slot 0 at position cache.length, and their K/V are appended."""
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        start = cache.length if cache is not None else 0
+        return self.step([Segment(ids, 0, start)], cache, all_logits=not last_only)
+
+    def step(self, segments: list[Segment], cache: KVCache | None, all_logits: bool = False):
+        """One forward pass over a batch of segments. Returns each segment's last-token logits,
+        [len(segments), vocab] in the order given, or with `all_logits` every row's, segment by
+        segment. Each segment's K/V are written into its cache slot and the slot's length set
+        to its end."""
+        ops, cfg = self.ops, self.cfg
+        if cache is None and (len(segments) != 1 or segments[0].start):
+            raise InfernoError("an uncached forward takes one sequence from position 0")
+        for s in segments:
+            if s.ids.size == 0:
+                raise InfernoError("a segment needs at least one token")
+            if cache is not None and s.start + s.ids.size > cache.capacity:
+                raise InfernoError(f"KV cache full: {s.start} + {s.ids.size} tokens exceed its "
+                                   f"{cache.capacity} positions")
+        batch = _Batch(segments, cached=cache is not None)
+        rope = {local: ops.rope_tables(batch.positions, inv) for local, inv in self.inv_freq.items()}
+        x = ops.embedding(self.embed_tokens, batch.ids)  # [rows, hidden]
+        if self.embed_scale is not None:
+            x = ops.scale(x, self.embed_scale)
+        for i, layer in enumerate(self.layers):
+            h = ops.rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)
+            x = ops.add(x, self._post_norm(self.attention(layer, i, h, rope[layer.window > 0], batch, cache),
+                                           layer.post_attn_norm))
+            h = ops.rms_norm(x, layer.mlp_norm, cfg.rms_norm_eps)
+            x = ops.add(x, self._post_norm(self.mlp(layer, h), layer.post_mlp_norm))
+        if cache is not None:
+            for s in segments:
+                cache.lengths[s.slot] = s.start + s.ids.size
+        # Rows whose logits are wanted, in the caller's segment order.
+        seg_of = np.argsort(batch.order)  # caller's segment j is processed as seg_of[j]
+        if all_logits:
+            rows = np.concatenate([np.arange(batch.row0[k], batch.row0[k + 1]) for k in seg_of])
+        else:
+            rows = batch.row0[seg_of + 1] - 1  # each segment's last row
+        if len(rows) != batch.ids.size or np.any(rows != np.arange(len(rows))):
+            x = ops.take_rows(x, rows)  # [len(rows), hidden]
+        x = ops.rms_norm(x, self.norm, cfg.rms_norm_eps)
+        return ops.linear(x, self.lm_head)  # [len(rows), vocab]
+
+    def attention(self, layer: Layer, i: int, h, rope, batch: _Batch, cache: KVCache | None):
+        ops, cfg = self.ops, self.cfg
+        hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        q, k, v = ops.linear_many(h, layer.qkv)  # [rows, nh * hd], [rows, nkv * hd] x 2
+        if layer.qkv_bias is not None:
+            q, k, v = (ops.add(t, b) for t, b in zip((q, k, v), layer.qkv_bias))
+        if layer.q_norm is not None:
+            q = ops.rms_norm(q, layer.q_norm, cfg.rms_norm_eps)  # per head: len(q_norm) == hd
+            k = ops.rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+        cos, sin = rope
+        q = ops.apply_rope(q, cos, sin, hd)
+        k = ops.apply_rope(k, cos, sin, hd)
+        attend = ops.flash_attention_prefill if self.flash else ops.materialized_attention
+        window, scale = layer.window, cfg.attention_scale  # 0 and None: global, 1/sqrt(hd)
+        if cache is None:
+            ctx = attend(q, k, v, nh, nkv, hd, True, window=window, scale=scale)
+            return ops.linear(ctx, layer.o_proj)
+
+        r = batch.row0
+        for j, s in enumerate(batch.segments):
+            ops.write_kv(cache.k[i], s.slot, s.start, ops.rows(k, r[j], r[j + 1]))
+            ops.write_kv(cache.v[i], s.slot, s.start, ops.rows(v, r[j], r[j + 1]))
+        parts = []  # (first row, [rows, nh * hd]) per attention call
+        if batch.n_decode:
+            # Every decoding sequence at once, each against its own slot, read in place.
+            parts.append((0, ops.decode_attention(ops.rows(q, 0, batch.n_decode), cache.k[i], cache.v[i],
+                                                  batch.slots, batch.kv_lens, nh, nkv, hd,
+                                                  window=window, scale=scale)))
+        for j in range(batch.n_decode, len(batch.segments)):
+            s, n = batch.segments[j], batch.segments[j].ids.size
+            if s.start == 0:
+                ks, vs = ops.rows(k, r[j], r[j + 1]), ops.rows(v, r[j], r[j + 1])
+            else:
+                # A chunk after a cache: attend over the cached rows too, from the first key the
+                # window lets the chunk's first query see. The causal diagonal is bottom-right
+                # aligned, so row t sees keys up to start + t.
+                k0 = max(0, s.start - window + 1) if window else 0
+                ks = ops.read_kv(cache.k[i], s.slot, k0, s.start + n)  # [start + n - k0, nkv * hd]
+                vs = ops.read_kv(cache.v[i], s.slot, k0, s.start + n)
+            parts.append((r[j], attend(ops.rows(q, r[j], r[j + 1]), ks, vs, nh, nkv, hd, True,
+                                       window=window, scale=scale)))
+        if len(parts) == 1:
+            ctx = parts[0][1]
+        else:
+            ctx = ops.zeros(int(r[-1]), nh * hd)  # [rows, nh * hd]
+            for row, part in parts:
+                ops.write_rows(ctx, part, int(row))
+        return ops.linear(ctx, layer.o_proj)
+
+    def mlp(self, layer: Layer, h):
+        ops = self.ops
+        gate, up = ops.linear_many(h, layer.gate_up)  # [rows, intermediate] x 2
+        act = ops.gelu_mul(gate, up) if self.cfg.activation == "gelu_tanh" else ops.silu_mul(gate, up)
+        return ops.linear(act, layer.down_proj)  # [rows, hidden]
+
+    def _post_norm(self, x, w):
+        return x if w is None else self.ops.rms_norm(x, w, self.cfg.rms_norm_eps)
+
+
+def norm_weight(w, plus_one: bool):
+    """An RMSNorm weight as float32, with Gemma's (1 + w) folded in: exactly what its norm
+    multiplies by (transformers adds in float32 too)."""
+    w = np.asarray(w, dtype=np.float32)
+    return w + np.float32(1.0) if plus_one else w
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the forward pass reads, by Hugging Face name, with its shape."""
+    hidden, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    fam = cfg.family
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, hidden), "model.norm.weight": (hidden,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, hidden)
+    layer = {
+        "input_layernorm.weight": (hidden,),
+        "self_attn.q_proj.weight": (cfg.q_width, hidden),
+        "self_attn.k_proj.weight": (cfg.kv_width, hidden),
+        "self_attn.v_proj.weight": (cfg.kv_width, hidden),
+        "self_attn.o_proj.weight": (hidden, cfg.q_width),
+        "post_attention_layernorm.weight": (hidden,),
+        "mlp.gate_proj.weight": (inter, hidden),
+        "mlp.up_proj.weight": (inter, hidden),
+        "mlp.down_proj.weight": (hidden, inter),
+    }
+    if fam.qk_norm:
+        layer.update({"self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,)})
+    if fam.qkv_bias:
+        layer.update({"self_attn.q_proj.bias": (cfg.q_width,), "self_attn.k_proj.bias": (cfg.kv_width,),
+                      "self_attn.v_proj.bias": (cfg.kv_width,)})
+    if fam.sandwich_norms:
+        layer.update({"pre_feedforward_layernorm.weight": (hidden,),
+                      "post_feedforward_layernorm.weight": (hidden,)})
+    for i in range(cfg.num_hidden_layers):
+        shapes.update({f"model.layers.{i}.{name}": shape for name, shape in layer.items()})
+    return shapes
+
+
+def check_weights(cfg: ModelConfig, tensors: dict) -> None:
+    """Every tensor present with the shape the config implies, or a one-line error naming the
+    first that is not: a mismatch would otherwise surface as a broadcast error mid-forward."""
+    expected = expected_shapes(cfg)
+    for name, shape in expected.items():
+        if name not in tensors:
+            missing = sum(n not in tensors for n in expected)
+            raise InfernoError(f"weights do not match the config: {missing} tensors missing "
+                               f"(first: {name})")
+        if tuple(tensors[name].shape) != shape:
+            raise InfernoError(f"weights do not match the config: {name} is "
+                               f"{list(tensors[name].shape)}, the config implies {list(shape)}")
