@@ -14,14 +14,28 @@ from tiny import make_model
 BACKENDS = ["cpu", "simd", "pool", "torch"]
 OPTIONS = {"torch": {"device": "cpu"}}
 
-# name -> make_model arguments. Between them: Qwen3 and Llama, tied and untied, head_dim unlike
-# hidden/heads, GQA groups 1, 2 and 3 with odd head counts, float32 and bfloat16 files.
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}  # short, so every regime shows at 80 tokens
+GEMMA3_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+
+# name -> make_model arguments. Between them: Qwen3, Llama, Qwen2 and Gemma 3; tied and untied;
+# head_dim unlike hidden/heads; GQA groups 1, 2, 3 and 4 with odd head counts; float32 and
+# bfloat16 files; Llama 3.1 RoPE scaling; q/k/v biases; Gemma's local and global layers mixed with
+# a window (24) smaller than the test sequence.
 MODELS = {
     "qwen3-untied-hd24-gqa2-f32": dict(arch="qwen3", hidden=64, heads=4, kv_heads=2, head_dim=24),
     "qwen3-tied-gqa1-bf16": dict(arch="qwen3", hidden=64, heads=4, kv_heads=4, tied=True, dtype="bfloat16"),
     "llama-tied-9q3kv-f32": dict(arch="llama", hidden=72, heads=9, kv_heads=3, tied=True, bos=True),
     "llama-untied-gqa2-bf16": dict(arch="llama", hidden=64, heads=4, kv_heads=2, head_dim=32,
                                    dtype="bfloat16", rope_theta=500000.0),
+    "llama3-rope-scaling-f32": dict(arch="llama", hidden=64, heads=4, kv_heads=2, head_dim=32,
+                                    rope_theta=500000.0, rope_scaling=LLAMA3_ROPE),
+    "qwen2-biases-gqa2-f32": dict(arch="qwen2", hidden=64, heads=4, kv_heads=2),
+    "gemma3-window24-hd40-gqa4-f32": dict(
+        arch="gemma3", hidden=64, heads=4, kv_heads=1, head_dim=40, layers=3, tied=True,
+        sliding_window=24, query_pre_attn_scalar=32, rope_parameters=GEMMA3_ROPE,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
 }
 
 

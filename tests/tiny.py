@@ -58,10 +58,11 @@ def make_model(folder: Path, arch: str = "qwen3", *, hidden: int = 64, layers: i
                heads: int = 4, kv_heads: int = 2, head_dim: int | None = None,
                intermediate: int = 96, tied: bool = False, dtype: str = "float32",
                max_positions: int = 512, rope_theta: float = 10000.0, seed: int = 0,
-               bos: bool = False) -> Path:
-    """A random Qwen3ForCausalLM or LlamaForCausalLM saved into `folder`, with a tokenizer."""
+               bos: bool = False, **extra) -> Path:
+    """A random model of `arch` (qwen3, llama, qwen2, gemma3) saved into `folder`, with a
+    tokenizer; `extra` goes to the transformers config as is (rope_scaling, sliding_window...)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    import transformers
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -73,13 +74,17 @@ def make_model(folder: Path, arch: str = "qwen3", *, hidden: int = 64, layers: i
                   eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
     if head_dim is not None:
         common["head_dim"] = head_dim
+    if arch == "llama":
+        common["bos_token_id"] = tok.convert_tokens_to_ids("<s>")
     torch.manual_seed(seed)
-    if arch == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(**common))
-    elif arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common, bos_token_id=tok.convert_tokens_to_ids("<s>")))
-    else:
-        raise ValueError(arch)
+    config_cls, model_cls = {
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    }[arch]
+    config = getattr(transformers, config_cls)(**common, **extra)
+    model = getattr(transformers, model_cls)(config)
     # Random init is N(0, 0.02): widen it so logits differ by more than float noise, and give
     # the norms non-unit weights so a missing norm would show.
     with torch.no_grad():

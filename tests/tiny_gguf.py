@@ -11,7 +11,35 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-ARCHS = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen3": gguf.MODEL_ARCH.QWEN3}
+ARCHS = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen3": gguf.MODEL_ARCH.QWEN3,
+         "qwen2": gguf.MODEL_ARCH.QWEN2, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+
+
+def hf_arch_of(cfg: dict) -> str:
+    first = cfg["architectures"][0]
+    return next(a for p, a in (("Llama", "llama"), ("Qwen2", "qwen2"), ("Gemma3", "gemma3"),
+                               ("Qwen3", "qwen3")) if first.startswith(p))
+
+
+def llama3_rope_factors(cfg: dict, head_dim: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's rope_freqs.weight for Llama 3.1 RoPE scaling: the divisor of each
+    frequency (1 for short wavelengths, `factor` for long ones, a blend between)."""
+    rs = cfg.get("rope_scaling") or cfg["rope_parameters"]
+    theta = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    old = rs["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / rs["low_freq_factor"], old / rs["high_freq_factor"]
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(rs["factor"])
+        else:
+            smooth = (old / wavelen - rs["low_freq_factor"]) / (rs["high_freq_factor"] - rs["low_freq_factor"])
+            factors.append(1 / ((1 - smooth) / rs["factor"] + smooth))
+    return np.array(factors, dtype=np.float32)
 T = gguf.GGMLQuantizationType
 
 
@@ -40,7 +68,7 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
 
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
-    hf_arch = "llama" if cfg["architectures"][0].startswith("Llama") else "qwen3"
+    hf_arch = hf_arch_of(cfg)
     arch_name = arch or hf_arch
     n_layers, n_head, n_kv = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
@@ -55,7 +83,10 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
+    rope = cfg.get("rope_parameters") or {}
+    w.add_rope_freq_base(cfg.get("rope_theta") or rope.get("full_attention", rope)["rope_theta"])
+    if hf_arch == "gemma3":
+        w.add_sliding_window(cfg["sliding_window"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     _add_tokenizer(w, folder, cfg["vocab_size"], pre)
 
@@ -63,7 +94,9 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
     tensors = load_file(str(folder / "model.safetensors"))
     for i, (hf_name, t) in enumerate(sorted(tensors.items())):
         t = t.astype(np.float32)
-        name = names.get_name(hf_name, try_suffixes=(".weight",))
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if hf_arch == "gemma3" and name.endswith("norm.weight"):
+            t = t + np.float32(1.0)  # the converter stores Gemma's norms as 1 + w
         if hf_arch == "llama" and name.endswith("attn_q.weight"):
             t = permute(t, n_head, n_head)
         elif hf_arch == "llama" and name.endswith("attn_k.weight"):
@@ -78,6 +111,10 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
                          raw_dtype=qtype)
         else:
             w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+
+    rope_type = (cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}).get("rope_type")
+    if rope_type == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg, head_dim))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -21,7 +21,7 @@ from inferno.model.config import ModelConfig, RopeScaling
 from inferno.model.gguf_tokenizer import tokenizer_from_gguf
 from inferno.model.loader import Checkpoint
 
-ARCHITECTURES = ("llama", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 MAGIC = b"GGUF"
 
 # GGUF tensor name -> Hugging Face name, the one rename table; `{i}` is the layer index.
@@ -40,15 +40,30 @@ TENSOR_NAMES = {
     "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
     "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+    "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
+    "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
+    "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
 }
+# Gemma's four norms a block: llama.cpp's ffn_norm is its pre-feedforward norm, and Hugging Face's
+# post_attention_layernorm is the norm of the attention output.
+GEMMA3_NAMES = {
+    **TENSOR_NAMES,
+    "blk.{i}.post_attention_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.pre_feedforward_layernorm.weight",
+    "blk.{i}.post_ffw_norm.weight": "model.layers.{i}.post_feedforward_layernorm.weight",
+}
+# Tensors that configure rather than compute: read into the config.
+CONFIG_TENSORS = ("rope_freqs.weight",)
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth Gemma 3 layer is global (not in the file)
+GEMMA3_LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa for Gemma 3
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor, or None when the table has no entry."""
     m = _BLOCK.match(gguf_name)
     key = _BLOCK.sub("blk.{i}.", gguf_name, count=1) if m else gguf_name
-    name = TENSOR_NAMES.get(key)
+    name = (GEMMA3_NAMES if arch == "gemma3" else TENSOR_NAMES).get(key)
     return name.format(i=m.group(1)) if name and m else name
 
 
@@ -64,15 +79,20 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
     infos = {t.name: t for t in reader.tensors}
     _check_tensors(path, arch, infos)
     tokenizer = tokenizer_from_gguf(meta, path.name)
-    config = config_from_gguf(meta, arch, infos, tokenizer, path.name)
+    rope_freqs = dequantize(infos["rope_freqs.weight"], path) if "rope_freqs.weight" in infos else None
+    config = config_from_gguf(meta, arch, infos, tokenizer, path.name, rope_freqs)
     tensors = {}
-    items = list(infos.items())
+    items = [(n, i) for n, i in infos.items() if n not in CONFIG_TENSORS]
     for name, info in progress(items, desc="dequantising", unit="tensor") if progress else items:
         w = dequantize(info, path)
         if arch == "llama" and name.endswith((".attn_q.weight", ".attn_k.weight")):
             heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
             w = unpermute_qk(w, heads)
-        tensors[hf_name(name)] = w
+        if config.family.norm_plus_one and name.endswith("norm.weight"):
+            # llama.cpp's converter stores Gemma's norms as 1 + w; the model folds the 1 in
+            # itself, as it does for a Hugging Face folder.
+            w = w - np.float32(1.0)
+        tensors[hf_name(name, arch)] = w
     return Checkpoint(config, tensors, tokenizer, source=str(path), file_format="gguf",
                       metadata={k: v for k, v in meta.items() if not k.startswith("tokenizer.ggml.")})
 
@@ -123,8 +143,11 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str) -> ModelConfig:
-    """The model config from `ARCH.*` metadata, with llama.cpp's own fallbacks."""
+def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str,
+                     rope_freqs: np.ndarray | None = None) -> ModelConfig:
+    """The model config from `ARCH.*` metadata, with llama.cpp's own fallbacks (some of Gemma 3's
+    are not in the file at all: llama.cpp hard-codes them, and so do we). `rope_freqs` is the
+    rope_freqs.weight tensor of Llama 3.1-style files: a divisor per RoPE frequency."""
     def key(name, fallback=None):
         value = meta.get(f"{arch}.{name}", fallback)
         if value is None:
@@ -137,9 +160,6 @@ def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str)
     rot = int(key("rope.dimension_count", head_dim))
     if rot != head_dim:
         raise InfernoError(f"{source}: partial RoPE ({rot} of {head_dim} dims) is not supported")
-    if "rope_freqs.weight" in infos:
-        raise InfernoError(f"{source}: Llama 3.1-style RoPE frequency factors (rope_freqs.weight) "
-                           f"are not supported yet")
     scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling_type == "linear":
         scaling = RopeScaling(rope_type="linear", factor=_f32(key("rope.scaling.factor")))
@@ -149,12 +169,26 @@ def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str)
         raise InfernoError(f"{source}: RoPE scaling {scaling_type!r} is not supported (supported: none, linear)")
     # GGUF lists the embedding as [hidden, vocab], innermost first; the rows are the vocabulary.
     vocab = int(infos["token_embd.weight"].shape[1])
+    layers = int(key("block_count"))
+    family = {}
+    if arch == "gemma3":
+        window = int(key("attention.sliding_window"))
+        # llama.cpp: 1/sqrt(head_dim), except the 27B (62 layers): 1/sqrt(hidden / heads), which
+        # is what Hugging Face's query_pre_attn_scalar says for each size.
+        scalar = hidden / heads if layers == 62 else head_dim
+        family = dict(
+            activation="gelu_tanh", attention_scale=float(scalar) ** -0.5,
+            layer_windows=tuple(0 if (i + 1) % GEMMA3_SWA_PATTERN == 0 else window
+                                for i in range(layers)),
+            rope_local_theta=GEMMA3_LOCAL_ROPE_BASE)
+    if rope_freqs is not None:
+        family["rope_freq_factors"] = tuple(float(f) for f in np.asarray(rope_freqs).reshape(-1))
     return ModelConfig(
         architecture=arch,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
-        num_hidden_layers=int(key("block_count")),
+        num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=int(key("attention.head_count_kv", heads)),
         head_dim=head_dim,
@@ -165,6 +199,7 @@ def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str)
         rope_scaling=scaling,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(tokenizer.eos_ids),
+        **family,
     )
 
 
@@ -179,7 +214,7 @@ def _check_tensors(path: Path, arch: str, infos: dict) -> None:
     if "token_embd.weight" not in infos:
         raise InfernoError(f"{path.name}: no token_embd.weight tensor; the file is incomplete")
     for name in infos:
-        if hf_name(name) is None and name != "rope_freqs.weight":
+        if hf_name(name, arch) is None and name not in CONFIG_TENSORS:
             raise InfernoError(f"{path.name}: tensor {name} is not part of a {arch} model inferno "
                                f"runs (biases, experts and vision towers are not supported)")
     for qtype in {info.tensor_type for info in infos.values()}:
