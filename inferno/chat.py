@@ -60,7 +60,7 @@ def run_chat(engine: Engine, *, system: str | None = None, think: bool = True,
                 out.flush()
         except InfernoError as e:
             messages.pop()  # the message never got an answer: forget it
-            print(f"inferno: error: {e}; /clear starts a new conversation", file=err, flush=True)
+            print(f"inferno: error: {e.for_cli()}; /clear starts a new conversation", file=err, flush=True)
             continue
         except KeyboardInterrupt:  # Ctrl-C stops the reply, not the chat
             messages.pop()
@@ -70,12 +70,20 @@ def run_chat(engine: Engine, *, system: str | None = None, think: bool = True,
         out.write("\n")
         out.flush()
         result = stream.result
+        if result.stop_reason == "length":  # cut mid-reply: say so, as llama.cpp and ollama do
+            print(_dim(f"[max tokens: the reply was cut at {result.generated_tokens} tokens; "
+                       f"raise --max-tokens for longer replies]", err), file=err, flush=True)
         messages.append({"role": "assistant", "content": result.text})
         if verbose:
             stats = format_stats(result) if format_stats else ""
             print(f"{stats}\ncache: {result.cached_tokens} of {result.prompt_tokens} prompt tokens "
                   f"reused from earlier turns", file=err, flush=True)
     return 0
+
+
+def _dim(text: str, stream) -> str:
+    """Faint text on a terminal; plain in a pipe or a file."""
+    return f"\033[2m{text}\033[0m" if stream.isatty() else text
 
 
 def _read(stdin, interactive: bool) -> str | None:

@@ -11,14 +11,16 @@ import argparse
 import json
 import sys
 
+from inferno import __version__
 from inferno.backends import backend_names
+from inferno.backends.base import CACHE_TYPES
 from inferno.errors import InfernoError
 from inferno.model.resolve import DEFAULT_MODEL
-from inferno.model.sampling import SamplingParams
+from inferno.model.sampling import SAMPLING_FIELDS, SamplingParams
 
 EXIT_ERROR = 1
 
-_SAMPLING_DEFAULTS = SamplingParams()
+_LLAMA_CPP = SamplingParams()
 
 
 def _positive_int(text: str) -> int:
@@ -47,21 +49,29 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="gpu backend: prefill attention path (default: sdpa)")
     p.add_argument("--flash", default="on", choices=["on", "off"],
                    help="off: prefill with materialized attention scores (for comparison)")
+    p.add_argument("--cache-type", default=None, choices=CACHE_TYPES,
+                   help="KV cache element type (default: f16 on simd and pool, f32 on cpu, the "
+                        "dtype on torch and gpu)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    d = _SAMPLING_DEFAULTS
+    d = _LLAMA_CPP
+    # Sampling flags default to None, "not given": the model's own defaults (its generation
+    # config, or its alias's) apply, then llama.cpp's.
+    model = "(default: the model's, else {})".format
     p.add_argument("--max-tokens", "-n", type=int, default=256, help="most tokens to generate")
-    p.add_argument("--temperature", "-t", type=float, default=d.temperature, help="0 is greedy")
-    p.add_argument("--top-k", type=int, default=d.top_k, help="keep the k likeliest tokens; 0 is off")
-    p.add_argument("--top-p", type=float, default=d.top_p, help="nucleus mass in (0, 1]; 1 is off")
-    p.add_argument("--min-p", type=float, default=d.min_p, help="drop tokens below min-p x the top probability; 0 is off")
-    p.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty, help="penalise repeated tokens; 1 is off")
+    p.add_argument("--temperature", "-t", type=float, help=f"0 is greedy {model(d.temperature)}")
+    p.add_argument("--top-k", type=int, help=f"keep the k likeliest tokens; 0 is off {model(d.top_k)}")
+    p.add_argument("--top-p", type=float, help=f"nucleus mass in (0, 1]; 1 is off {model(d.top_p)}")
+    p.add_argument("--min-p", type=float,
+                   help=f"drop tokens below min-p x the top probability; 0 is off {model(d.min_p)}")
+    p.add_argument("--repeat-penalty", type=float,
+                   help=f"penalise repeated tokens; 1 is off {model(d.repeat_penalty)}")
     p.add_argument("--seed", type=int, default=None, help="random seed; same seed, same output (default: random)")
     p.add_argument("--system", default=None, help="system message for the chat template")
     p.add_argument("--no-think", action="store_true", help="switch Qwen3 thinking off (enable_thinking=False)")
     p.add_argument("--ctx-size", "-c", type=int, default=None,
-                   help="context size in tokens (default: the model's)")
+                   help="context size in tokens, prompt and reply together (default: the model's)")
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -81,9 +91,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="inferno", description="Run Qwen3 and Llama-family LLMs on CPU or GPU backends.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+    parser = Parser(prog="inferno", description="Run Llama, Qwen and Gemma LLMs (GGUF files or "
+                    "Hugging Face folders) on CPU or GPU backends.",
+                    epilog="`inferno COMMAND --help` shows a command's flags.")
+    parser.add_argument("--version", action="version", version=f"inferno {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     fmt = DefaultsFormatter
 
     g = sub.add_parser("generate", help="generate text from a prompt", formatter_class=fmt)
@@ -128,15 +140,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_engine(args, trace: bool = False):
-    """Check the sampling flags (cheap) before the load (not), load, print the load line."""
-    from inferno.engine import check_max_tokens, load
-    SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.seed)
+def check_flags(args) -> None:
+    """Every flag whose range does not depend on the model, checked before anything loads (a
+    load takes seconds); --ctx-size against the model's context is load()'s, right after the
+    config is read."""
+    from inferno.engine import check_ctx_size, check_max_tokens
+    given = {f: getattr(args, f) for f in SAMPLING_FIELDS if getattr(args, f) is not None}
+    SamplingParams(**given, seed=args.seed)
     check_max_tokens(args.max_tokens)
+    check_ctx_size(args.ctx_size)
+
+
+def load_engine(args, trace: bool = False):
+    """Load, then print the load line and the sampling defaults in force (and their source)."""
+    from inferno.engine import load
     engine = load(args.model, backend=args.backend, flash=args.flash == "on", trace=trace,
-                  **backend_options(args))
+                  cache_type=args.cache_type, ctx_size=args.ctx_size, **backend_options(args))
     print(f"load: {engine.load_s:.2f} s ({engine.source}, {engine.backend} backend)", file=sys.stderr)
+    print(f"sampling: {as_flags(engine.sampling.describe())}", file=sys.stderr)
     return engine
+
+
+def as_flags(text: str) -> str:
+    """Parameter names in `text` written as the flags that set them."""
+    return InfernoError(text, params=SAMPLING_FIELDS).for_cli()
 
 
 def backend_options(args) -> dict:
@@ -146,22 +173,37 @@ def backend_options(args) -> dict:
 
 
 def sampling_options(args) -> dict:
+    """The generation flags as Engine.stream options (None: the model's default)."""
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                 top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                seed=args.seed, ctx_size=args.ctx_size)
+                seed=args.seed)
 
 
 def format_stats(r) -> str:
+    cut = " (stopped at --max-tokens)" if r.stop_reason == "length" else ""
     return "\n".join([
         f"prefill: {r.prompt_tokens} prompt tokens, time to first token {r.ttft_s * 1e3:.1f} ms, "
         f"{r.prefill_tokens_per_s:.1f} tokens/s",
-        f"decode: {r.generated_tokens} tokens, {r.decode_tokens_per_s:.1f} tokens/s",
+        f"decode: {r.generated_tokens} tokens, {r.decode_tokens_per_s:.1f} tokens/s{cut}",
         f"memory: peak {r.peak_memory_bytes / 2**20:.0f} MiB",
     ])
 
 
+def read_prompt(text: str) -> str:
+    """The --prompt value; `-` reads stdin, dropping one trailing newline as a shell's $(...)
+    does (`echo hi | inferno generate -p -` is the prompt "hi")."""
+    if text != "-":
+        return text
+    text = sys.stdin.read()
+    return text[:-1] if text.endswith("\n") else text
+
+
 def cmd_generate(args) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    from inferno.engine import EMPTY_PROMPT
+    check_flags(args)
+    prompt = read_prompt(args.prompt)
+    if not prompt:  # the same rule with or without --raw, and before the load
+        raise InfernoError(EMPTY_PROMPT)
     engine = load_engine(args, trace=args.trace)
     try:
         stream = engine.stream(prompt, system=args.system, think=not args.no_think, raw=args.raw,
@@ -186,6 +228,7 @@ def cmd_generate(args) -> int:
 
 def cmd_chat(args) -> int:
     from inferno.chat import run_chat
+    check_flags(args)
     engine = load_engine(args)
     try:
         return run_chat(engine, system=args.system, think=not args.no_think, verbose=args.verbose,
@@ -231,10 +274,13 @@ def _stats_dict(r) -> dict:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # bare `inferno`: what it can do
+        parser.print_help()
+        return 0
     try:
         return args.func(args)
     except InfernoError as e:
-        print(f"inferno: error: {e}", file=sys.stderr)
+        print(f"inferno: error: {e.for_cli()}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("", file=sys.stderr)

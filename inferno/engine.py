@@ -21,8 +21,8 @@ from inferno.backends.tracing import TracingBackend
 from inferno.errors import InfernoError
 from inferno.model.loader import Checkpoint, open_checkpoint
 from inferno.model.decoder import DecoderModel
-from inferno.model.resolve import resolve
-from inferno.model.sampling import SamplingParams, sample
+from inferno.model.resolve import alias_sampling, resolve
+from inferno.model.sampling import SamplingDefaults, SamplingParams, sample
 
 
 @dataclass
@@ -73,11 +73,16 @@ class Session:
 
 class Engine:
     def __init__(self, checkpoint: Checkpoint, ops, flash: bool = True, load_s: float = 0.0, *,
-                 trace: bool = False, warm_up: bool = True, cache_type: str | None = None):
+                 trace: bool = False, warm_up: bool = True, cache_type: str | None = None,
+                 ctx_size: int | None = None):
+        """`ctx_size` is the default context (prompt + new tokens) of each generation: the
+        model's whole context when None."""
         self.config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.source = checkpoint.source
         self.file_format = checkpoint.file_format
+        self.ctx_size = check_ctx_size(ctx_size, self.config)
+        self.sampling = SamplingDefaults.layered(*checkpoint.sampling)  # what a call leaves unset
         self.backend = ops.name
         t0 = time.perf_counter()
         self.cache_type = check_cache_type(cache_type or getattr(ops, "default_cache_type", "f32"))
@@ -102,6 +107,8 @@ class Engine:
         """Token ids for a prompt: the chat template applied (a system message first, if given)
         unless `raw`, or a model without a template. A list of messages is used as is."""
         tok = self.tokenizer
+        if isinstance(prompt, str) and not prompt:
+            raise InfernoError(EMPTY_PROMPT)
         if raw or not tok.chat_template:
             if not isinstance(prompt, str):
                 raise InfernoError("a raw prompt must be text, not a list of messages")
@@ -115,8 +122,10 @@ class Engine:
     def generate(self, prompt: str | list[dict], *, on_text: Callable[[str], None] | None = None,
                  **options) -> GenerationResult:
         """Generate a reply. Options: max_tokens, temperature, top_k, top_p, min_p,
-        repeat_penalty, seed, system, think, raw, ctx_size. `on_text` receives each piece of
-        text as soon as it is complete (never half a UTF-8 character)."""
+        repeat_penalty, seed, system, think, raw, ctx_size. A sampling option left out (or None)
+        takes the model's default (engine.sampling: its generation config, else llama.cpp's).
+        `on_text` receives each piece of text as soon as it is complete (never half a UTF-8
+        character)."""
         stream = self.stream(prompt, **options)
         for piece in stream:
             if on_text is not None:
@@ -129,19 +138,14 @@ class Engine:
                **sampling) -> Stream:
         """Like generate, as an iterator of text pieces; `.result` holds the stats afterwards.
         With a `session`, the KV cache of earlier calls is reused for the prompt's shared prefix."""
-        params = SamplingParams(**sampling)
+        params = self.sampling.params(**sampling)
         check_max_tokens(max_tokens)
         if prompt_ids is None:
             prompt_ids = self.encode_prompt(prompt, system=system, think=think, raw=raw)
         ids = self._check_ids(prompt_ids)
         if ids.size == 0:
-            raise InfernoError("the prompt is empty: give some text")
-        limit = self._context_limit(ctx_size)
-        if ids.size + max_tokens > limit:
-            raise InfernoError(
-                f"prompt ({ids.size} tokens) + --max-tokens ({max_tokens}) = {ids.size + max_tokens} "
-                f"exceeds the context of {limit} tokens: shorten the prompt or lower --max-tokens"
-                + ("" if ctx_size else f" (the model's context is {self.config.max_position_embeddings})"))
+            raise InfernoError(EMPTY_PROMPT)
+        self._check_fits(ids.size, max_tokens, ctx_size)
         return Stream(self._generate(ids, max_tokens, params, session))
 
     def close(self) -> None:
@@ -164,13 +168,21 @@ class Engine:
         self.model.forward(np.zeros(n, dtype=np.int64), cache, last_only=True)
         self.model.ops.to_numpy(self.model.forward([0], cache, last_only=True))
 
-    def _context_limit(self, ctx_size: int | None) -> int:
+    def _check_fits(self, prompt_tokens: int, max_tokens: int, ctx_size: int | None) -> None:
+        """The prompt and the reply must fit the context; the error names the limit, where it
+        came from, and every way out."""
+        limit = check_ctx_size(ctx_size, self.config) if ctx_size is not None else self.ctx_size
+        if prompt_tokens + max_tokens <= limit:
+            return
         model_max = self.config.max_position_embeddings
-        if ctx_size is None:
-            return model_max
-        if not 1 <= ctx_size <= model_max:
-            raise InfernoError(f"--ctx-size must be between 1 and the model's context ({model_max}), got {ctx_size}")
-        return ctx_size
+        over = (f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
+                f"{prompt_tokens + max_tokens} tokens")
+        if limit < model_max:
+            raise InfernoError(f"{over} exceeds the context of {limit} set by ctx_size: raise "
+                               f"ctx_size (the model allows up to {model_max}), lower max_tokens "
+                               f"or shorten the prompt", params=("max_tokens", "ctx_size"))
+        raise InfernoError(f"{over} exceeds the model's context of {model_max} tokens: lower "
+                           f"max_tokens or shorten the prompt", params=("max_tokens",))
 
     def _check_ids(self, token_ids) -> np.ndarray:
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
@@ -265,25 +277,48 @@ class Engine:
         )
 
 
+EMPTY_PROMPT = "the prompt is empty: give some text"
+
+
+def check_ctx_size(ctx_size: int | None, config=None) -> int | None:
+    """ctx_size at least 1 and, once the model's config is known, at most its context; None
+    means the model's context."""
+    if ctx_size is None:
+        return config.max_position_embeddings if config is not None else None
+    if ctx_size < 1:
+        raise InfernoError(f"ctx_size must be at least 1, got {ctx_size}", params=("ctx_size",))
+    if config is not None and ctx_size > config.max_position_embeddings:
+        raise InfernoError(f"ctx_size {ctx_size} exceeds the model's context of "
+                           f"{config.max_position_embeddings} tokens", params=("ctx_size",))
+    return ctx_size
+
+
 def check_max_tokens(max_tokens: int) -> None:
     if max_tokens < 1:
-        raise InfernoError(f"--max-tokens must be at least 1, got {max_tokens}")
+        raise InfernoError(f"max_tokens must be at least 1, got {max_tokens}", params=("max_tokens",))
 
 
 def check_cache_type(cache_type: str) -> str:
     if cache_type not in CACHE_TYPES:
-        raise InfernoError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
+        raise InfernoError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}",
+                           params=("cache_type",))
     return cache_type
 
 
 def load(model: str | None = None, backend: str = "cpu", *, flash: bool = True, trace: bool = False,
-         progress: bool | None = None, cache_type: str | None = None, **backend_options) -> Engine:
+         progress: bool | None = None, cache_type: str | None = None, ctx_size: int | None = None,
+         **backend_options) -> Engine:
     """Load `model` onto `backend` (cpu, simd, pool, torch, gpu). `model` is a folder, a .gguf
     file, a hub id or an alias; None is the default model (smollm2-135m), fetched on first use.
     Backend options: threads (pool), device and dtype (torch). `flash=False` runs prefill with
     materialized scores; `trace=True` wraps the backend in the tracing backend
     (engine.ops.format_histogram()). `cache_type` stores the KV cache as f32, f16, bf16 or q8_0
-    (default: the backend's, f16 on simd and pool)."""
+    (default: the backend's, f16 on simd and pool). `ctx_size` is each generation's context
+    (default: the model's). Values that do not depend on the model are checked before anything
+    loads; ctx_size against the model's context right after its config is read."""
+    check_ctx_size(ctx_size)
+    if cache_type is not None:
+        check_cache_type(cache_type)
     if progress is None:
         progress = sys.stderr.isatty()
     path = resolve(model)  # a first-use download is not load time
@@ -291,8 +326,12 @@ def load(model: str | None = None, backend: str = "cpu", *, flash: bool = True, 
     ops = create_backend(backend, **backend_options)
     try:
         checkpoint = open_checkpoint(path, progress=progress)
+        check_ctx_size(ctx_size, checkpoint.config)  # before any weight reaches the backend
+        alias = alias_sampling(model)
+        if alias:
+            checkpoint.sampling.append(alias)
         return Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0, trace=trace,
-                      cache_type=cache_type)
+                      cache_type=cache_type, ctx_size=ctx_size)
     except BaseException:
         ops.close()  # give back threads, BLAS settings, device memory
         raise

@@ -3,8 +3,26 @@
 Anything raised as `InfernoError` is a problem with the user's input or machine (a missing file,
 a bad flag, an unreachable hub), not a bug: the CLI prints its message on one line and exits
 non-zero, without a traceback. The message says what is wrong and how to fix it.
+
+An error about a parameter names it as the Python API spells it (`max_tokens`); `params` lists
+those names so that the CLI can speak in its own flags instead (`--max-tokens`).
 """
+
+from __future__ import annotations
+
+import re
 
 
 class InfernoError(Exception):
     """A user-facing error whose message is one line with the fix in it."""
+
+    def __init__(self, message: str, *, params: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.params = tuple(params)
+
+    def for_cli(self) -> str:
+        """The message with each parameter name written as its command-line flag."""
+        text = str(self)
+        for name in self.params:
+            text = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", "--" + name.replace("_", "-"), text)
+        return text

@@ -67,7 +67,7 @@ def test_repl_on_a_tiny_model(qwen3_dir):
              stdin="/foo\n" + "word " * 80 + "\nHello there\n")
     assert p.returncode == 0, p.stderr
     assert "unknown command /foo" in p.stderr
-    assert "exceeds the context of 64 tokens" in p.stderr and "/clear starts a new conversation" in p.stderr
+    assert "exceeds the context of 64 set by --ctx-size" in p.stderr and "/clear starts a new conversation" in p.stderr
     assert "Traceback" not in p.stderr
     engine = inferno.load(str(qwen3_dir), progress=False)
     assert p.stdout == replay(engine, ["Hello there"], temperature=0, max_tokens=8)[0] + "\n"

@@ -42,8 +42,8 @@ def create_backend(name: str, **options) -> Backend:
     for key in given:
         if key not in entry.options:
             takers = [n for n, e in REGISTRY.items() if key in e.options]
-            raise InfernoError(f"--{key} does not apply to backend {name!r}"
-                               + (f" (only to: {', '.join(takers)})" if takers else ""))
+            raise InfernoError(f"{key} does not apply to backend {name!r}"
+                               + (f" (only to: {', '.join(takers)})" if takers else ""), params=(key,))
     try:
         module = importlib.import_module(entry.module)
     except ImportError as e:

@@ -128,8 +128,8 @@ class PoolBackend(SimdBackend):
         cores = nb.config.NUMBA_NUM_THREADS  # the worker team's size: the cores, by default
         threads = cores if threads is None else int(threads)
         if not 1 <= threads <= cores:
-            raise InfernoError(f"--threads must be between 1 and {cores} (Numba's worker threads; "
-                               f"set NUMBA_NUM_THREADS to allow more), got {threads}")
+            raise InfernoError(f"threads must be between 1 and {cores} (Numba's worker threads; "
+                               f"set NUMBA_NUM_THREADS to allow more), got {threads}", params=("threads",))
         self.threads = threads
         super().__init__()
 

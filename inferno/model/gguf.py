@@ -20,6 +20,7 @@ from inferno.errors import InfernoError
 from inferno.model.config import ModelConfig, RopeScaling
 from inferno.model.gguf_tokenizer import tokenizer_from_gguf
 from inferno.model.loader import Checkpoint
+from inferno.model.sampling import gguf_sampling
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 MAGIC = b"GGUF"
@@ -75,7 +76,8 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise InfernoError(f"{path.name}: unsupported GGUF architecture {arch!r}; inferno runs "
-                           f"{' and '.join(ARCHITECTURES)} GGUF files (e.g. SmolLM2, Llama, Qwen3)")
+                           f"{', '.join(ARCHITECTURES[:-1])} and {ARCHITECTURES[-1]} GGUF files "
+                           f"(e.g. SmolLM2, Llama 3, Qwen2.5, Qwen3, Gemma 3)")
     infos = {t.name: t for t in reader.tensors}
     _check_tensors(path, arch, infos)
     tokenizer = tokenizer_from_gguf(meta, path.name)
@@ -94,6 +96,7 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
             w = w - np.float32(1.0)
         tensors[hf_name(name, arch)] = w
     return Checkpoint(config, tensors, tokenizer, source=str(path), file_format="gguf",
+                      sampling=[("the GGUF's general.sampling", gguf_sampling(meta))],
                       metadata={k: v for k, v in meta.items() if not k.startswith("tokenizer.ggml.")})
 
 

