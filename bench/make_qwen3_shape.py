@@ -1,12 +1,15 @@
-"""Write a Qwen3-0.6B-shaped model with random weights, since the hub is out of reach here.
+"""Write a Qwen3-shaped model with random weights, since the hub is out of reach here.
 
-    python bench/make_qwen3_shape.py [--out ~/.cache/inferno/bench/qwen3-0.6b-shape]
+    python bench/make_qwen3_shape.py                                # 0.6B, bf16 folder
+    python bench/make_qwen3_shape.py --size 1.7b --type q4_k_m      # a GGUF, as llama.cpp users have
+    python bench/make_qwen3_shape.py --size 8b --type q4_k_m        # 4.7 GB; 16 GB of f16 on the way
 
-Qwen3-0.6B's geometry (28 layers, 16 query / 8 KV heads of 128, hidden 1024, intermediate 3072,
-vocab 151936, tied embeddings, q/k norms), stored as its release is: bf16 safetensors (1.2 GB,
-widened exactly to float32 at load). Weights are N(0, 0.02), norms 1: the speed of every op is
-the real model's; the text it writes is noise. The tokenizer is a stand-in (benchmarks feed
-synthetic token ids). transformers loads the folder too, so the same weights run on it.
+Qwen3-0.6B, 1.7B and 8B geometries (layers, heads, hidden, intermediate, vocab 151936, tying,
+q/k norms). `--type bf16` writes a safetensors folder as the releases are; f16, q8_0 and q4_k_m
+write a GGUF: f16 streamed tensor by tensor, then requantised by llama.cpp's own quantizer
+(bench/quantize.py), so the file has the same per-tensor type mix a user's Q4_K_M has. Weights are
+N(0, 0.02), norms 1: the speed of every op is the real model's; the text it writes is noise. The
+tokenizer is a stand-in (benchmarks feed synthetic token ids).
 """
 
 from __future__ import annotations
@@ -28,13 +31,28 @@ CONFIG = {
     "initializer_range": 0.02, "use_cache": True, "bos_token_id": 151643, "eos_token_id": 151645,
     "torch_dtype": "bfloat16",
 }
-DEFAULT_OUT = Path("~/.cache/inferno/bench/qwen3-0.6b-shape").expanduser()
+# What each size changes (Qwen3's released config.json files).
+SIZES = {
+    "0.6b": {},
+    "1.7b": dict(hidden_size=2048, intermediate_size=6144),
+    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+               num_attention_heads=32, tie_word_embeddings=False),
+}
+TYPES = ("bf16", "f16", "q8_0", "q4_k_m")
+BENCH_DIR = Path("~/.cache/inferno/bench").expanduser()
+
+
+def default_out(size: str, qtype: str) -> Path:
+    name = f"qwen3-{size}-shape"
+    return BENCH_DIR / (name if qtype == "bf16" else f"{name}.{qtype.upper()}.gguf")
 
 
 def tensor_shapes(c: dict) -> dict[str, tuple[int, ...]]:
     h, i, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
     shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
+    if not c["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (c["vocab_size"], h)
     for n in range(c["num_hidden_layers"]):
         p = f"model.layers.{n}."
         shapes.update({
@@ -63,15 +81,70 @@ def write_safetensors(path: Path, shapes: dict, seed: int) -> None:
         offset += size
     blob = json.dumps(header).encode()
     blob += b" " * (-len(blob) % 8)
-    rng = np.random.default_rng(seed)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)) + blob)
-        for name, shape in shapes.items():
-            if name.endswith("norm.weight"):
-                values = np.ones(shape, np.float32)
-            else:
-                values = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+        for name, values in random_tensors(shapes, seed):
             f.write(to_bf16(values).tobytes())
+
+
+def random_tensors(shapes: dict, seed: int):
+    """(name, float32 values) one at a time: N(0, 0.02) weights, norms of 1."""
+    rng = np.random.default_rng(seed)
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            yield name, np.ones(shape, np.float32)
+        else:
+            yield name, rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+
+
+def write_gguf_f16(path: Path, config: dict, shapes: dict, seed: int) -> None:
+    """A qwen3 GGUF as llama.cpp's converter writes one (norms F32, matrices F16), streamed: the
+    tensor table first (sizes follow from the shapes), then each tensor as it is drawn. The
+    vocabulary is GPT-2's 256 byte tokens plus fillers, enough for llama.cpp and for us."""
+    import gguf
+
+    c = config
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    merges = ["Ġ t", "Ġ a", "i n", "h e"]  # llama.cpp wants some; any will do
+    byte_tokens = [chr(b) for b in gguf_byte_alphabet()] + [m.replace(" ", "") for m in merges]
+    tokens = byte_tokens + [f"<t{i}>" for i in range(c["vocab_size"] - len(byte_tokens) - 2)]
+    tokens += ["<|endoftext|>", "<|im_end|>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * (len(tokens) - 2) + [gguf.TokenType.CONTROL] * 2)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(len(tokens) - 1)
+    w.add_bos_token_id(len(tokens) - 2)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, c["num_hidden_layers"])
+    gguf_names = {n: names.get_name(n, try_suffixes=(".weight",)) for n in shapes}
+    for name, shape in shapes.items():
+        dtype = np.float32 if len(shape) == 1 else np.float16
+        w.add_tensor_info(gguf_names[name], shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, values in random_tensors(shapes, seed):
+        w.write_tensor_data(values if values.ndim == 1 else values.astype(np.float16))
+    w.close()
+
+
+def gguf_byte_alphabet() -> list[int]:
+    """GPT-2's printable stand-ins for the 256 bytes (the order byte-level BPE vocabularies use)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    extra = [b for b in range(256) if b not in keep]
+    return keep + [256 + i for i in range(len(extra))]
 
 
 def write_tokenizer(out: Path) -> None:
@@ -88,19 +161,40 @@ def write_tokenizer(out: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder to write")
+    p.add_argument("--size", default="0.6b", choices=list(SIZES))
+    p.add_argument("--type", default="bf16", choices=TYPES,
+                   help="bf16: a safetensors folder; the others a GGUF file")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"where to write (default: {BENCH_DIR}/qwen3-SIZE-shape[.TYPE.gguf])")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    out = args.out.expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    config = {**CONFIG, **SIZES[args.size]}
+    out = (args.out or default_out(args.size, args.type)).expanduser()
     t0 = time.perf_counter()
-    (out / "config.json").write_text(json.dumps(CONFIG, indent=2))
-    write_tokenizer(out)
-    shapes = tensor_shapes(CONFIG)
-    write_safetensors(out / "model.safetensors", shapes, args.seed)
+    shapes = tensor_shapes(config)
     params = sum(int(np.prod(s)) for s in shapes.values())
-    print(f"wrote {out}: {params / 1e6:.0f} M parameters, bf16, in {time.perf_counter() - t0:.0f} s")
+    if args.type == "bf16":
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        write_tokenizer(out)
+        write_safetensors(out / "model.safetensors", shapes, args.seed)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        f16 = out if args.type == "f16" else out.with_name(out.name + ".f16.tmp")
+        write_gguf_f16(f16, config, shapes, args.seed)
+        if args.type != "f16":
+            from quantize import quantize  # bench/quantize.py, beside this script
+            try:
+                quantize(f16, out, args.type)
+            finally:
+                f16.unlink(missing_ok=True)
+    print(f"wrote {out}: {params / 1e6:.0f} M parameters, {args.type}, "
+          f"{_size(out) / 2**30:.2f} GiB, in {time.perf_counter() - t0:.0f} s")
     return 0
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.iterdir())
 
 
 if __name__ == "__main__":
