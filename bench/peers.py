@@ -43,6 +43,7 @@ class TransformersRunner:
         from transformers import AutoModelForCausalLM
         torch.set_num_threads(threads)
         self.torch, self.threads, self.model_name, self.backend = torch, threads, label, "transformers"
+        self.weight_type = "F32"  # loaded as float32, whatever the file holds
         path = Path(path)
         t0 = time.perf_counter()
         if path.suffix == ".gguf":
@@ -103,7 +104,9 @@ class LlamaCppRunner:
         self.first_token = self.llm.token_bos()
         # Every tensor's bytes in the file's own types (Q4_1 here); the tied embedding is the
         # output matrix and is read whole.
-        self.weight_bytes_per_token = sum(int(t.n_bytes) for t in GGUFReader(str(gguf)).tensors)
+        reader = GGUFReader(str(gguf))
+        self.weight_bytes_per_token = sum(int(t.n_bytes) for t in reader.tensors)
+        self.weight_type = gguf_file_type(reader)
 
     def _step(self, ids) -> int:
         self.llm.eval(ids)
@@ -130,6 +133,12 @@ class LlamaCppRunner:
 
     def close(self) -> None:
         self.llm.close()
+
+
+def gguf_file_type(reader) -> str:
+    from gguf import LlamaFileType
+    field = reader.fields.get("general.file_type")
+    return LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_") if field else "?"
 
 
 def ratio_table(rows: list[bench.Row], ours: list[str], peers: list[str]) -> str:

@@ -35,6 +35,7 @@ class Row:
     """One line of the table: one test of one backend, every repetition kept."""
 
     model: str
+    weight_type: str  # as llama-bench's `type`: Q4_1, Q4_K_M, BF16, F32
     backend: str
     threads: int | None
     flash: bool | None  # None: not ours to switch (a peer)
@@ -95,10 +96,13 @@ class EngineRunner:
     """One of our backends behind the interface `measure` drives (peers implement it too):
     prefill(ids) and decode(first, n) return their own elapsed seconds, excluding set-up."""
 
-    def __init__(self, model, backend: str, flash: bool = True, **options):
+    def __init__(self, model, backend: str, flash: bool = True, cache_type: str | None = None,
+                 **options):
         from inferno.engine import load
-        self.engine = load(model, backend=backend, flash=flash, progress=False, **options)
+        self.engine = load(model, backend=backend, flash=flash, progress=False,
+                           cache_type=cache_type, **options)
         self.model_name = model_label(model)
+        self.weight_type = self.engine.weight_type
         self.backend = backend
         self.flash = flash
         self.threads = getattr(self.engine.ops, "threads", None)
@@ -150,7 +154,8 @@ def measure(runner, n_prompts: list[int], n_gens: list[int], reps: int, seed: in
         seconds = [run() for _ in range(reps)]
         results.append([kind, n, seconds])
     peak = runner.peak_memory_bytes()
-    return [Row(model=runner.model_name, backend=runner.backend, threads=runner.threads,
+    return [Row(model=runner.model_name, weight_type=runner.weight_type, backend=runner.backend,
+                threads=runner.threads,
                 flash=runner.flash, test=f"{kind}{n}", n_tokens=n, seconds=seconds,
                 weight_bytes_per_token=runner.weight_bytes_per_token, peak_memory_bytes=peak,
                 load_s=runner.load_s)
@@ -181,9 +186,9 @@ def _log(message: str) -> None:
 
 def run(model, backends: list[str], *, flash: list[bool] = (True,), n_prompts=(512,),
         n_gens=(128,), reps: int = 5, seed: int = 0, isolate: bool = True,
-        backend_options: dict | None = None) -> list[Row]:
+        backend_options: dict | None = None, cache_type: str | None = None) -> list[Row]:
     """Every backend x flash setting on one model. `backend_options` (threads, device, dtype) go
-    to the backends that take them and are left out for the others."""
+    to the backends that take them and are left out for the others; `cache_type` to all."""
     from inferno.backends import REGISTRY
     from inferno.errors import InfernoError
 
@@ -200,6 +205,7 @@ def run(model, backends: list[str], *, flash: list[bool] = (True,), n_prompts=(5
                    if v is not None and k in REGISTRY[backend].options}
         for fl in flash:
             kw = {"n_prompts": list(n_prompts), "n_gens": list(n_gens), "reps": reps, "seed": seed}
+            options["cache_type"] = cache_type
             if isolate:
                 rows += measure_isolated(EngineRunner, model, backend, fl, **options, **kw)
             else:
@@ -233,8 +239,8 @@ def parse_flash(text: str) -> list[bool]:
 
 
 # -- output ---------------------------------------------------------------------------------------
-COLUMNS = ["model", "backend", "threads", "flash", "test", "t/s", "ttft ms", "GB/s", "peak MiB",
-           "load s"]
+COLUMNS = ["model", "type", "backend", "threads", "flash", "test", "t/s", "ttft ms", "GB/s",
+           "peak MiB", "load s"]
 
 
 def _pm(xs, scale=1.0, digits=2) -> str:
@@ -244,7 +250,8 @@ def _pm(xs, scale=1.0, digits=2) -> str:
 def table_cells(row: Row) -> list[str]:
     flash = "-" if row.flash is None else ("on" if row.flash else "off")
     return [
-        row.model, row.backend, "-" if row.threads is None else str(row.threads), flash, row.test,
+        row.model, row.weight_type, row.backend, "-" if row.threads is None else str(row.threads),
+        flash, row.test,
         _pm(row.tokens_per_s),
         _pm(row.seconds, 1e3, 1) if row.is_prefill else "",
         "" if row.is_prefill else f"{row.weight_bytes_per_token * _mean(row.tokens_per_s) / 1e9:.1f}",

@@ -260,7 +260,7 @@ def cmd_bench(args) -> int:
     rows = bench.run(args.model, bench.parse_names(getattr(args, "backend", ["cpu,simd,pool"])),
                      flash=bench.parse_flash(args.flash), n_prompts=bench.parse_sizes(args.n_prompt, "-p"),
                      n_gens=bench.parse_sizes(args.n_gen, "-n"), reps=args.repetitions, seed=args.seed,
-                     backend_options=backend_options(args))
+                     backend_options=backend_options(args), cache_type=args.cache_type)
     print(bench.to_json(rows) if args.json else bench.format_table(rows))
     return 0
 

@@ -81,6 +81,7 @@ class Engine:
         self.tokenizer = checkpoint.tokenizer
         self.source = checkpoint.source
         self.file_format = checkpoint.file_format
+        self.weight_type = weight_type(checkpoint)
         self.ctx_size = check_ctx_size(ctx_size, self.config)
         self.sampling = SamplingDefaults.layered(*checkpoint.sampling)  # what a call leaves unset
         self.backend = ops.name
@@ -278,6 +279,24 @@ class Engine:
 
 
 EMPTY_PROMPT = "the prompt is empty: give some text"
+
+
+def weight_type(checkpoint: Checkpoint) -> str:
+    """The weights' type as llama-bench names it: a GGUF's file type (Q4_K_M: a mix of
+    types), else the type holding most of the matrices' elements (BF16, F32, Q8_0)."""
+    file_type = checkpoint.metadata.get("general.file_type")
+    if file_type is not None:
+        from gguf import LlamaFileType
+        try:
+            return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    elements: dict[str, int] = {}
+    for t in checkpoint.tensors.values():
+        if len(t.shape) == 2:
+            name = t.qtype.name if hasattr(t, "qtype") else "F32"
+            elements[name] = elements.get(name, 0) + t.shape[0] * t.shape[1]
+    return max(elements, key=elements.get) if elements else "F32"
 
 
 def check_ctx_size(ctx_size: int | None, config=None) -> int | None:

@@ -28,11 +28,14 @@ def test_bench_cli_table(qwen3_dir, capsys):
     assert rows[0] == bench.COLUMNS
     assert all(re.fullmatch(r"-+:?", cell) for cell in rows[1])
     body = rows[2:]
-    assert [(r[1], r[4]) for r in body] == [(b, t) for b in ("cpu", "simd", "pool") for t in ("pp9", "tg4")]
+    col = bench.COLUMNS.index
+    assert [(r[col("backend")], r[col("test")]) for r in body] == [
+        (b, t) for b in ("cpu", "simd", "pool") for t in ("pp9", "tg4")]
     for r in body:
         assert len(r) == len(bench.COLUMNS)
         cell = dict(zip(bench.COLUMNS, r))
         assert cell["model"] == qwen3_dir.name and cell["flash"] == "on"
+        assert cell["type"] == "F32"  # the tiny model's float32 safetensors
         assert NUMBER_PM.match(cell["t/s"]), cell["t/s"]
         if cell["test"].startswith("pp"):
             assert re.fullmatch(r"\d+\.\d ± \d+\.\d", cell["ttft ms"]) and cell["GB/s"] == ""
@@ -75,9 +78,10 @@ def test_bench_bad_flags(qwen3_dir, capsys, argv, message):
 
 
 def test_format_table_from_rows():
-    rows = [bench.Row("m", "pool", 2, True, "pp4", 4, [0.5, 0.25], 1000, 2**30, 1.5),
-            bench.Row("m", "peer", None, None, "tg2", 2, [1.0], 10**9, 2**20, 0.1)]
+    rows = [bench.Row("m", "Q4_1", "pool", 2, True, "pp4", 4, [0.5, 0.25], 1000, 2**30, 1.5),
+            bench.Row("m", "F32", "peer", None, None, "tg2", 2, [1.0], 10**9, 2**20, 0.1)]
     table = table_rows(bench.format_table(rows))
-    assert table[2] == ["m", "pool", "2", "on", "pp4", "12.00 ± 5.66", "375.0 ± 176.8", "", "1024", "1.50"]
-    assert table[3] == ["m", "peer", "-", "-", "tg2", "2.00 ± 0.00", "", "2.0", "1", "0.10"]
+    assert table[2] == ["m", "Q4_1", "pool", "2", "on", "pp4", "12.00 ± 5.66", "375.0 ± 176.8", "",
+                        "1024", "1.50"]
+    assert table[3] == ["m", "F32", "peer", "-", "-", "tg2", "2.00 ± 0.00", "", "2.0", "1", "0.10"]
     assert bench.ratio(rows, "pool", "peer", "pp4") is None
