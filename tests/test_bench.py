@@ -42,7 +42,7 @@ def test_bench_cli_table(qwen3_dir, capsys):
         else:
             assert cell["ttft ms"] == "" and re.fullmatch(r"\d+\.\d", cell["GB/s"])
         assert int(cell["peak MiB"]) > 0 and float(cell["load s"]) >= 0
-    threads = {r[1]: r[2] for r in body}
+    threads = {r[col("backend")]: r[col("threads")] for r in body}
     assert threads["simd"] == "1" and threads["cpu"] == "-" and int(threads["pool"]) >= 1
 
 
