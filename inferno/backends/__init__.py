@@ -21,9 +21,9 @@ REGISTRY = {
     "simd": Entry("inferno.backends.simd", "SimdBackend", "numba and scipy"),
     "pool": Entry("inferno.backends.pool", "PoolBackend", "numba and scipy", ("threads",)),
     "torch": Entry("inferno.backends.torch_backend", "TorchBackend",
-                   "torch: pip install 'inferno[torch]'", ("device", "dtype")),
+                   "torch: pip install -e '.[torch]' in inferno's folder", ("device", "dtype")),
     "gpu": Entry("inferno.backends.gpu", "GpuBackend",
-                 "torch and triton on CUDA: pip install 'inferno[gpu]'",
+                 "torch and triton on CUDA: pip install -e '.[gpu]' in inferno's folder",
                  ("dtype", "decode", "prefill")),
 }
 

@@ -44,7 +44,7 @@ class GpuBackend(TorchBackend):
         try:
             from inferno.backends import triton_decode
         except ImportError as e:
-            raise InfernoError(f"the gpu backend needs triton: pip install 'inferno[gpu]' ({e})") from None
+            raise InfernoError(f"the gpu backend needs triton: pip install -e '.[gpu]' in inferno's folder ({e})") from None
         if device == "cpu" and not triton_decode.INTERPRET:
             raise InfernoError("the gpu backend on the cpu device runs its kernel under Triton's "
                                "interpreter: set TRITON_INTERPRET=1 before importing inferno")

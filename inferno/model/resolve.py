@@ -144,8 +144,8 @@ def fetch_hub(repo_id: str) -> Path:
             RepositoryNotFoundError,
         )
     except ImportError:
-        raise InfernoError(f"downloading {repo_id} needs huggingface-hub: pip install "
-                           f"'inferno[hub]', or {hint}") from None
+        raise InfernoError(f"downloading {repo_id} needs huggingface-hub: pip install -e '.[hub]' "
+                           f"in inferno's folder, or {hint}") from None
     try:
         folder = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
     except LocalEntryNotFoundError:
