@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from inferno import bench
+from inferno.errors import InfernoError
 from inferno.model.resolve import resolve
 
 
@@ -174,8 +175,14 @@ def main(argv=None) -> int:
     label = bench.model_label(model)
     sizes = dict(n_prompts=bench.parse_sizes(args.n_prompt, "-p"),
                  n_gens=bench.parse_sizes(args.n_gen, "-n"), reps=args.repetitions)
-    ours = bench.parse_names([args.backend])
-    rows = bench.run(str(model), ours, backend_options={"threads": args.threads}, **sizes)
+    ours, rows = [], []
+    for backend in bench.parse_names([args.backend]):
+        try:
+            rows += bench.run(str(model), [backend], backend_options={"threads": args.threads}, **sizes)
+        except InfernoError as e:  # a model inferno cannot run yet: the peers still run
+            print(f"peers: inferno's {backend} cannot run {label} ({e}): skipped", file=sys.stderr)
+            continue
+        ours.append(backend)
     peers = []
     for peer in bench.parse_names([args.peers]):
         try:

@@ -245,12 +245,14 @@ def cmd_pull(args) -> int:
 
 def cmd_list(args) -> int:
     from inferno.model.resolve import cache_dir, list_models
-    print(f"{'NAME':<16} {'SOURCE':<28} {'SIZE':>8}  WHERE")
+    rows = [("NAME", "SOURCE", "SIZE", "WHERE")]
     for m in list_models():
-        size = f"{m['size'] / 1e6:.0f} MB" if m["path"] else "-"
-        where = str(m["path"]) if m["path"] else f"not fetched: inferno pull {m['name']}"
-        name = m["name"] + (" *" if m["default"] else "")
-        print(f"{name:<16} {m['origin']:<28} {size:>8}  {where}")
+        rows.append((m["name"] + (" *" if m["default"] else ""), m["origin"],
+                     f"{m['size'] / 2**20:.0f} MiB" if m["path"] else "-",
+                     str(m["path"]) if m["path"] else f"not fetched: inferno pull {m['name']}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for name, origin, size, where in rows:
+        print(f"{name:<{widths[0]}}  {origin:<{widths[1]}}  {size:>{widths[2]}}  {where}")
     print(f"(* the default model; inferno's cache: {cache_dir()}, set INFERNO_CACHE to move it)")
     return 0
 

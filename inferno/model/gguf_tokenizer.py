@@ -1,11 +1,20 @@
 """The tokenizer a GGUF file describes under `tokenizer.ggml.*`, rebuilt as a `tokenizers` one.
 
-A GGUF carries no tokenizer.json: it stores the vocabulary, the merges, each token's type and
-the name of a pre-tokenizer (`tokenizer.ggml.pre`, e.g. 'smollm', 'qwen2', 'llama-bpe').
-llama.cpp maps that name to a list of regexes, each splitting the pieces the previous one left
-(matches and the text between them both kept); `tokenizers`' Split(..., "isolated") does the same,
-so the table below is llama.cpp's (llama-vocab.cpp), with Qwen2's and Llama 3's case-insensitive
-contractions written as in their tokenizer.json.
+A GGUF carries no tokenizer.json: it stores the vocabulary, each token's type and, by
+`tokenizer.ggml.model`, the rest of the tokenizer:
+
+- 'gpt2', byte-level BPE (SmolLM2, Llama 3, Qwen): the merges, and the name of a pre-tokenizer
+  (`tokenizer.ggml.pre`, e.g. 'smollm', 'qwen2', 'llama-bpe'). llama.cpp maps that name to a list
+  of regexes, each splitting the pieces the previous one left (matches and the text between them
+  both kept); `tokenizers`' Split(..., "isolated") does the same, so the table below is
+  llama.cpp's (llama-vocab.cpp), with Qwen2's and Llama 3's case-insensitive contractions written
+  as in their tokenizer.json.
+- 'llama', SentencePiece BPE (Llama 2, TinyLlama, Mistral, Gemma): a score per token and no
+  merges. llama.cpp (llm_tokenizer_spm) starts from single characters and keeps merging the
+  adjacent pair whose union is the best-scored token; characters no token covers fall back to
+  the <0xNN> byte tokens. That is a BPE whose merges are every split of every token into two
+  tokens, ranked by the whole token's score, so the merges are written out here and `tokenizers`'
+  BPE (with byte_fallback) runs them. Spaces are "▁"; see `_sentencepiece` for the space prefix.
 """
 
 from __future__ import annotations
@@ -58,22 +67,63 @@ STOP_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
 QWEN3_STOPS = ("<|im_end|>", "<|endoftext|>")
 
 
+# Turn enders llama.cpp finds by their text, per architecture.
+TURN_ENDS = {"qwen3": QWEN3_STOPS, **dict.fromkeys(("gemma", "gemma2", "gemma3"), ("<end_of_turn>",))}
+
+
 def tokenizer_from_gguf(meta: dict, source: str) -> Tokenizer:
     """The file's tokenizer wrapped like a folder's: chat template, special tokens, stop ids."""
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import AddedToken, processors
 
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
+    if kind == "gpt2":
+        hf, add_bos = _byte_level_bpe(meta, tokens, source)
+    elif kind == "llama":
+        hf = _sentencepiece(meta, tokens, source)
+        add_bos = True  # llama.cpp's default for SentencePiece vocabularies
+    else:
         raise InfernoError(f"{source}: GGUF tokenizer {kind!r} is not supported; inferno reads "
-                           f"byte-level BPE vocabularies ('gpt2', as SmolLM2, Llama 3 and Qwen use)")
+                           f"byte-level BPE ('gpt2': SmolLM2, Llama 3, Qwen) and SentencePiece "
+                           f"('llama': Llama 2, Mistral, Gemma) vocabularies")
+    vocab = hf.get_vocab()
+
+    special = {key: tokens[meta[f"tokenizer.ggml.{field}"]] for key, field in SPECIAL_KEYS.items()
+               if _valid_id(meta.get(f"tokenizer.ggml.{field}"), tokens)}
+    # Control (<|im_start|>) and unknown (<unk>) tokens match whole and are skipped when
+    # decoding; user-defined ones (<think>) match whole and are kept, as llama.cpp treats them
+    # (Gemma's runs of spaces and of newlines are user-defined tokens).
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, kind in zip(tokens, types) if kind in (CONTROL, UNKNOWN)])
+    hf.add_tokens([AddedToken(t, special=False, normalized=False)
+                   for t, kind in zip(tokens, types) if kind == USER_DEFINED])
+
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", add_bos) and "bos_token" in special
+    add_eos = meta.get("tokenizer.ggml.add_eos_token", False) and "eos_token" in special
+    if add_bos or add_eos:
+        bos = [special["bos_token"]] if add_bos else []
+        eos = [special["eos_token"]] if add_eos else []
+        hf.post_processor = processors.TemplateProcessing(
+            single=" ".join(bos + ["$A"] + eos), pair=" ".join(bos + ["$A"] + eos + bos + ["$B"] + eos),
+            special_tokens=[(t, vocab[t]) for t in dict.fromkeys(bos + eos)])
+
+    stops = [meta[f"tokenizer.ggml.{k}"] for k in STOP_KEYS if _valid_id(meta.get(f"tokenizer.ggml.{k}"), tokens)]
+    stops += [vocab[t] for t in TURN_ENDS.get(meta.get("general.architecture"), ()) if t in vocab]
+    return Tokenizer(hf, chat_template=meta.get("tokenizer.chat_template"), special_tokens=special,
+                     eos_ids=stops)
+
+
+def _byte_level_bpe(meta: dict, tokens: list, source: str):
+    """GPT-2-style BPE and whether it adds BOS when the file does not say."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
     name = meta.get("tokenizer.ggml.pre", "default")
     pre = PRE_TOKENIZERS.get(name)
     if pre is None:
         raise InfernoError(f"{source}: GGUF pre-tokenizer {name!r} is not supported "
                            f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
-    tokens = list(meta["tokenizer.ggml.tokens"])
-    types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
     merges = meta.get("tokenizer.ggml.merges")
     if merges is None:
         raise InfernoError(f"{source}: the GGUF vocabulary has no tokenizer.ggml.merges")
@@ -88,25 +138,62 @@ def tokenizer_from_gguf(meta: dict, source: str) -> Tokenizer:
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     hf.decoder = decoders.ByteLevel()
-    # Control tokens (<|im_start|>) match whole and are skipped when decoding; user-defined ones
-    # (<think>) match whole and are kept, as llama.cpp treats them.
-    hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                           for t, kind in zip(tokens, types) if kind == CONTROL])
-    hf.add_tokens([AddedToken(t, special=False, normalized=False)
-                   for t, kind in zip(tokens, types) if kind == USER_DEFINED])
+    return hf, pre.add_bos
 
-    special = {key: tokens[meta[f"tokenizer.ggml.{field}"]] for key, field in SPECIAL_KEYS.items()
-               if _valid_id(meta.get(f"tokenizer.ggml.{field}"), tokens)}
-    if meta.get("tokenizer.ggml.add_bos_token", pre.add_bos) and "bos_token" in special:
-        bos = special["bos_token"]
-        hf.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
 
-    stops = [meta[f"tokenizer.ggml.{k}"] for k in STOP_KEYS if _valid_id(meta.get(f"tokenizer.ggml.{k}"), tokens)]
-    if meta.get("general.architecture") == "qwen3":
-        stops += [vocab[t] for t in QWEN3_STOPS if t in vocab]
-    return Tokenizer(hf, chat_template=meta.get("tokenizer.chat_template"), special_tokens=special,
-                     eos_ids=stops)
+def _sentencepiece(meta: dict, tokens: list, source: str):
+    """SentencePiece BPE as llama.cpp runs it.
+
+    The space prefix (`tokenizer.ggml.add_space_prefix`, true unless the file says otherwise;
+    Gemma's is false): llama.cpp puts a space before every stretch of text that starts the input
+    or follows a special token, then writes every space as "▁". A `tokenizers` normalizer runs on
+    exactly those stretches, so Prepend("▁") there is llama.cpp's rule; it also keeps a text's
+    own leading space (" hi" is "▁▁hi"), as SentencePiece does.
+    NOTE: transformers 5 departs from llama.cpp and SentencePiece in two places. On Llama-style
+    files it prefixes only the start of the input and drops the text's own leading space (its
+    decode(encode(" hi")) is "hi"). On Gemma it spells the user-defined runs of spaces with "▁"
+    and lets merges build them, which splits a run of more than 31 spaces differently (40 are
+    16 + 24 there, 31 + 9 in llama.cpp). inferno follows llama.cpp.
+    """
+    from tokenizers import decoders, models, normalizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    scores = meta.get("tokenizer.ggml.scores")
+    if scores is None or len(scores) != len(tokens):
+        raise InfernoError(f"{source}: the GGUF SentencePiece vocabulary has no score per token "
+                           f"(tokenizer.ggml.scores)")
+    scores = [float(s) for s in scores]  # plain floats sort fast, whatever the reader gave
+    vocab = {token: i for i, token in enumerate(tokens)}
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    hf = HFTokenizer(models.BPE(vocab=vocab, merges=_merges(tokens, scores, vocab), fuse_unk=True,
+                                byte_fallback=True,
+                                unk_token=tokens[unk] if _valid_id(unk, tokens) else None))
+    spaces = [normalizers.Replace(" ", "\u2581")]
+    strip = []
+    if meta.get("tokenizer.ggml.add_space_prefix", True):
+        spaces.insert(0, normalizers.Prepend("\u2581"))
+        strip = [decoders.Strip(" ", 1, 0)]  # the prefix's space, once, at the start
+    hf.normalizer = normalizers.Sequence(spaces)
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), *strip])
+    return hf
+
+
+def _merges(tokens: list, scores, vocab: dict) -> list[tuple[str, str]]:
+    """Every split of a token into two tokens, best-scored whole first; ties go to the longer
+    left part, then the longer right part, then the earlier token (transformers' order, so ids
+    match its tokenizer on the rare equal-score merges too)."""
+    found = []  # (score, len(left), len(right), left, right), in token order
+    for token, score in zip(tokens, scores):
+        n = len(token)
+        for k in range(1, n):
+            left = token[:k]
+            if left in vocab:
+                right = token[k:]
+                if right in vocab:
+                    found.append((score, k, n - k, left, right))
+    found.sort(key=lambda m: m[:3], reverse=True)  # stable: ties keep token order
+    return [(left, right) for *_, left, right in found]
 
 
 def _valid_id(token_id, tokens: list) -> bool:

