@@ -206,6 +206,10 @@ def cmd_generate(args) -> int:
         raise InfernoError(EMPTY_PROMPT)
     engine = load_engine(args, trace=args.trace)
     try:
+        if not args.raw and not engine.tokenizer.chat_template:
+            # A base model: there is no chat to format, so the text is continued as it is.
+            print("note: this model has no chat template (a base model?): the prompt is continued "
+                  "as raw text, as --raw does", file=sys.stderr)
         stream = engine.stream(prompt, system=args.system, think=not args.no_think, raw=args.raw,
                                **sampling_options(args))
         if args.json:

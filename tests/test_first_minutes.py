@@ -137,3 +137,17 @@ def test_alias_carries_the_model_cards_sampling():
     assert values == {"temperature": 0.2, "top_p": 0.9} and "alias" in source
     assert alias_sampling(None) == alias_sampling("smollm2-135m")  # the default model
     assert alias_sampling("/some/folder") is None
+
+
+def test_a_base_model_without_a_template_is_continued_raw_and_says_so(qwen3_dir, tmp_path):
+    folder = tmp_path / "base"
+    shutil.copytree(qwen3_dir, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    p = cli("generate", "-m", folder, "-p", "Once upon", "-n", 4, "-t", 0)
+    assert p.returncode == 0, p.stderr
+    assert "no chat template" in p.stderr and "--raw" in p.stderr
+    raw = cli("generate", "-m", folder, "-p", "Once upon", "-n", 4, "-t", 0, "--raw")
+    assert raw.stdout == p.stdout and "no chat template" not in raw.stderr
