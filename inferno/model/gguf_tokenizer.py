@@ -10,7 +10,7 @@ contractions written as in their tokenizer.json.
 
 from __future__ import annotations
 
-from inferno.errors import InfernoError
+from inferno.errors import InfernoError, one_line
 from inferno.model.tokenizer import Tokenizer
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -59,7 +59,8 @@ QWEN3_STOPS = ("<|im_end|>", "<|endoftext|>")
 
 
 def tokenizer_from_gguf(meta: dict, source: str) -> Tokenizer:
-    """The file's tokenizer wrapped like a folder's: chat template, special tokens, stop ids."""
+    """The file's tokenizer wrapped like a folder's: chat template, special tokens, stop ids.
+    A malformed vocabulary is one InfernoError, whatever the `tokenizers` library would raise."""
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -68,22 +69,39 @@ def tokenizer_from_gguf(meta: dict, source: str) -> Tokenizer:
         raise InfernoError(f"{source}: GGUF tokenizer {kind!r} is not supported; inferno reads "
                            f"byte-level BPE vocabularies ('gpt2', as SmolLM2, Llama 3 and Qwen use)")
     name = meta.get("tokenizer.ggml.pre", "default")
-    pre = PRE_TOKENIZERS.get(name)
+    pre = PRE_TOKENIZERS.get(name) if isinstance(name, str) else None
     if pre is None:
         raise InfernoError(f"{source}: GGUF pre-tokenizer {name!r} is not supported "
                            f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
-    tokens = list(meta["tokenizer.ggml.tokens"])
-    types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
-    merges = meta.get("tokenizer.ggml.merges")
+    tokens = _array(meta, "tokens", str, source)
+    if tokens is None:
+        raise InfernoError(f"{source}: the GGUF file has no tokenizer.ggml.tokens vocabulary")
+    types = _array(meta, "token_type", int, source) or [NORMAL] * len(tokens)
+    if len(types) != len(tokens):
+        raise _corrupt(source, f"{len(types)} token types for {len(tokens)} tokens")
+    merges = _array(meta, "merges", str, source)
     if merges is None:
         raise InfernoError(f"{source}: the GGUF vocabulary has no tokenizer.ggml.merges")
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    if any(len(p) != 2 for p in pairs):
+        raise _corrupt(source, "a merge is not two tokens separated by a space")
+    template = meta.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise _corrupt(source, "tokenizer.chat_template is not text")
 
     # The vocabulary as stored: byte-level tokens spelled in GPT-2's byte alphabet, added
     # tokens (control, user-defined) as their text, so both find their ids.
-    vocab = {token: i for i, token in enumerate(tokens)}
-    bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
-                     ignore_merges=pre.ignore_merges)
-    hf = HFTokenizer(bpe)
+    vocab = dict(zip(tokens, range(len(tokens))))
+    special = {key: tokens[meta[f"tokenizer.ggml.{field}"]] for key, field in SPECIAL_KEYS.items()
+               if _valid_id(meta.get(f"tokenizer.ggml.{field}"), tokens)}
+    try:  # the library raises plain Exception (a merge out of the vocabulary, a bad template)
+        hf = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges))
+        if meta.get("tokenizer.ggml.add_bos_token", pre.add_bos) and "bos_token" in special:
+            bos = special["bos_token"]
+            hf.post_processor = processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
+    except Exception as e:
+        raise _corrupt(source, f"the tokenizers library refuses its vocabulary: {one_line(e)}") from None
     hf.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -95,19 +113,26 @@ def tokenizer_from_gguf(meta: dict, source: str) -> Tokenizer:
     hf.add_tokens([AddedToken(t, special=False, normalized=False)
                    for t, kind in zip(tokens, types) if kind == USER_DEFINED])
 
-    special = {key: tokens[meta[f"tokenizer.ggml.{field}"]] for key, field in SPECIAL_KEYS.items()
-               if _valid_id(meta.get(f"tokenizer.ggml.{field}"), tokens)}
-    if meta.get("tokenizer.ggml.add_bos_token", pre.add_bos) and "bos_token" in special:
-        bos = special["bos_token"]
-        hf.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
-
     stops = [meta[f"tokenizer.ggml.{k}"] for k in STOP_KEYS if _valid_id(meta.get(f"tokenizer.ggml.{k}"), tokens)]
     if meta.get("general.architecture") == "qwen3":
         stops += [vocab[t] for t in QWEN3_STOPS if t in vocab]
-    return Tokenizer(hf, chat_template=meta.get("tokenizer.chat_template"), special_tokens=special,
-                     eos_ids=stops)
+    return Tokenizer(hf, chat_template=template, special_tokens=special, eos_ids=stops)
+
+
+def _array(meta: dict, field: str, kind: type, source: str) -> list | None:
+    """tokenizer.ggml.FIELD as a list of `kind`, None when absent. A GGUF array holds one
+    value type, so its first element's type is every element's."""
+    value = meta.get(f"tokenizer.ggml.{field}")
+    if value is None:
+        return None
+    if not isinstance(value, list) or (value and not isinstance(value[0], kind)):
+        raise _corrupt(source, f"tokenizer.ggml.{field} is not a list of {kind.__name__}")
+    return value
 
 
 def _valid_id(token_id, tokens: list) -> bool:
-    return token_id is not None and 0 <= int(token_id) < len(tokens)
+    return type(token_id) is int and 0 <= token_id < len(tokens)
+
+
+def _corrupt(source: str, what: str) -> InfernoError:
+    return InfernoError(f"{source}: corrupt GGUF vocabulary ({what}); download the file again")
