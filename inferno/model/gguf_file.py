@@ -236,7 +236,10 @@ class _Parser:
         out: list[str] = []
         interruptions = 0
         while len(out) < n:
-            found = _short_strings(self.buf, self.pos, self.end, n - len(out)) if interruptions < 64 else None
+            # The first window fits a whole vocabulary of ~16-byte entries; after a long string,
+            # a small one, so that many long strings cost little.
+            window = 24 * (n - len(out)) + 64 if not interruptions else 1 << 16
+            found = _short_strings(self.buf, self.pos, self.end, n - len(out), window) if interruptions < 64 else None
             if found is None:  # NULs inside strings: no separator is safe
                 interruptions = 64
             elif found[2]:
@@ -294,16 +297,16 @@ class _Parser:
         return tensors
 
 
-def _short_strings(buf, start: int, end: int, n: int) -> tuple[bytes, int, int] | None:
+def _short_strings(buf, start: int, end: int, n: int, window: int) -> tuple[bytes, int, int] | None:
     """Up to n length-prefixed strings from `start`, found without a Python loop: guess that
     each is under 256 bytes (its 8-byte length is then below 256), find every position holding
     such a number, and keep the run of guesses that chain (each string ends where the next
     length begins). Returns (bytes, end position, m): the first m strings with each length
     zeroed, so that 8 NULs separate them. m stops short of n at a string of 256 bytes or more,
     which the caller reads on its own; None when a string holds a NUL (never in a real
-    vocabulary), making the separators ambiguous. The window grows until it holds the run, so
-    the work is proportional to the array, not to the file."""
-    window = min(end - start, 24 * n + 64, 1 << 16)
+    vocabulary), making the separators ambiguous. The window (bytes looked at) doubles until it
+    holds the run, so the work is proportional to the array, not to the file."""
+    window = min(end - start, window)
     while True:
         if window < 8:
             return b"", start, 0
