@@ -142,6 +142,16 @@ def test_each_tensor_type_loads_in_hf_layout(qtype, tolerance, tmp_path):
     assert rel_rms <= tolerance, rel_rms
 
 
+@pytest.mark.parametrize("qtype, tolerance", [(T.F32, 0.0), (T.F16, 1e-3), (T.BF16, 5e-3), (T.Q8_0, 1.5e-2)])
+def test_vectors_become_float32_copies(qtype, tolerance, tmp_path):
+    w = np.random.default_rng(3).standard_normal(64).astype(np.float32)  # a norm's weight
+    gf, info = _one_tensor_gguf(tmp_path / "v.gguf", w, qtype)
+    got = tensor(gf, info)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.shape == (64,)
+    assert got.flags.writeable  # a copy, not the read-only map
+    assert np.sqrt(np.mean((got - w) ** 2) / np.mean(w ** 2)) <= tolerance
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K])
 def test_k_quant_blocks_are_the_files_bytes(qtype, tmp_path):
     """The gguf package cannot quantise K-quants: random blocks, finite f16 scales, pin that the

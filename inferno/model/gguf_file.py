@@ -234,20 +234,22 @@ class _Parser:
         strings under 256 bytes are read at once (see _short_strings); a longer one, or all
         after a NUL or after many long ones, one at a time."""
         out: list[str] = []
-        interruptions = 0
+        long_ones = 0
         while len(out) < n:
-            # The first window fits a whole vocabulary of ~16-byte entries; after a long string,
-            # a small one, so that many long strings cost little.
-            window = 24 * (n - len(out)) + 64 if not interruptions else 1 << 16
-            found = _short_strings(self.buf, self.pos, self.end, n - len(out), window) if interruptions < 64 else None
-            if found is None:  # NULs inside strings: no separator is safe
-                interruptions = 64
-            elif found[2]:
-                joined, self.pos, _ = found
+            left, found = n - len(out), None
+            if long_ones < 64:
+                # The first window fits a whole vocabulary of ~16-byte entries; after a long
+                # string, a small one, so that many long strings cost little.
+                window = 24 * left + 64 if not long_ones else 1 << 16
+                found = _short_strings(self.buf, self.pos, self.end, left, window)
+                if found is None:  # a NUL inside a string: no separator is safe
+                    long_ones = 64
+            if found and found[2]:
+                joined, self.pos, m = found
                 out += self.decode(joined, f"metadata {key}").split(_SEPARATOR)[1:]
-                if len(out) == n:
+                if m == left:
                     break
-            interruptions += 1
+            long_ones += 1
             # the string that ended the run: 256 bytes or more, or one past the end of the file
             out.append(self.string(f"metadata {key}: string {len(out)}"))
         return out
