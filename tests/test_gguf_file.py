@@ -142,7 +142,7 @@ HEADER_AND_METADATA = {
     "arrays nested too deep": (gguf_bytes([_nested(20)], []), "nests arrays 9 deep"),
     "duplicate key": (gguf_bytes([gguf_kv("k", V.UINT8, 1)] * 2, []), "metadata key k appears twice"),
     "key not UTF-8": (gguf_bytes([gguf_kv(b"\xff\xfe", V.UINT8, 1)], []), "a metadata key is not valid UTF-8"),
-    "key not printable": (gguf_bytes([gguf_kv("a\nb", V.UINT8, 1)], []), "a metadata key 'a\\nb' is not printable"),
+    "key not printable": (gguf_bytes([gguf_kv("a\nb", V.UINT8, 1)], []), "a metadata key 'a\\nb' is not a name"),
     "value not UTF-8": (gguf_bytes([gguf_kv("k", V.STRING, b"\xc3")], []), "the value of k is not valid UTF-8"),
     "vocabulary not UTF-8": (gguf_bytes([gguf_kv("t", V.ARRAY, [b"a", b"\xe6\x9d"], V.STRING)], []),
                              "metadata t is not valid UTF-8"),
@@ -167,7 +167,8 @@ TENSOR_TABLE = {
                             "tensors a and b overlap"),
     "duplicate names": (_table(gguf_tensor("a", (8, 1), 0, 0), gguf_tensor("a", (8, 1), 0, 64)),
                         "tensor a appears twice"),
-    "name not printable": (_table(gguf_tensor("w\r", (8, 1), 0, 0)), "a tensor name 'w\\r' is not printable"),
+    "name not printable": (_table(gguf_tensor("w\r", (8, 1), 0, 0)), "a tensor name 'w\\r' is not a name"),
+    "name too long": (_table(gguf_tensor("w" * 300, (8, 1), 0, 0)), "longer than 256 characters"),
 }
 
 

@@ -68,7 +68,7 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
     meta = gf.metadata
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
-        raise InfernoError(f"{path.name}: unsupported GGUF architecture {arch!r}; inferno runs "
+        raise InfernoError(f"{path.name}: unsupported GGUF architecture {arch!r:.80}; inferno runs "
                            f"{' and '.join(ARCHITECTURES)} GGUF files (e.g. SmolLM2, Llama, Qwen3)")
     infos = gf.tensors
     _check_tensors(path, arch, infos)

@@ -30,6 +30,7 @@ MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NAME = 256  # characters in a key or tensor name
 MAX_NESTING = 8  # arrays of arrays: none in real files, so a small bound against deep recursion
 
 # GGML type id -> (name, weights per block, bytes per block), ggml.h's table. An id missing here
@@ -185,10 +186,12 @@ class _Parser:
         return self.decode(raw, what)
 
     def name(self, what: str) -> str:
-        """A key or tensor name: printable, so that every message naming it stays one line."""
+        """A key or tensor name: short and printable, so that every message naming it stays
+        one short line (llama.cpp's tensor names are under 64 bytes)."""
         s = self.string(what)
-        if not s.isprintable():
-            raise corrupt(self.path, f"{what} {s[:80]!r} is not printable text")
+        if len(s) > MAX_NAME or not s.isprintable():
+            raise corrupt(self.path, f"{what} {s[:80]!r} is not a name: longer than {MAX_NAME} "
+                                     f"characters, or not printable")
         return s
 
     def decode(self, raw: bytes, what: str) -> str:

@@ -66,12 +66,12 @@ def tokenizer_from_gguf(meta: dict, source: str) -> Tokenizer:
 
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise InfernoError(f"{source}: GGUF tokenizer {kind!r} is not supported; inferno reads "
+        raise InfernoError(f"{source}: GGUF tokenizer {kind!r:.80} is not supported; inferno reads "
                            f"byte-level BPE vocabularies ('gpt2', as SmolLM2, Llama 3 and Qwen use)")
     name = meta.get("tokenizer.ggml.pre", "default")
     pre = PRE_TOKENIZERS.get(name) if isinstance(name, str) else None
     if pre is None:
-        raise InfernoError(f"{source}: GGUF pre-tokenizer {name!r} is not supported "
+        raise InfernoError(f"{source}: GGUF pre-tokenizer {name!r:.80} is not supported "
                            f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
     tokens = _array(meta, "tokens", str, source)
     if tokens is None:

@@ -64,17 +64,19 @@ class SafetensorsFile:
 
     def _check(self, name: str, info, data_bytes: int) -> tuple[str, tuple, int, int]:
         """(dtype, shape, start, end) of one header entry, each checked against the file."""
+        if len(name) > 256 or not name.isprintable():  # messages name it on one line
+            raise self.corrupt(f"a tensor name {name[:80]!r} is not a name")
         if not isinstance(info, dict):
             raise self.corrupt(f"tensor {name} has no dtype, shape and data_offsets")
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if dtype not in _DTYPES:
-            raise InfernoError(f"{self.path}: tensor {name} has dtype {dtype}; inferno reads "
+            raise InfernoError(f"{self.path}: tensor {name} has dtype {dtype!r:.40}; inferno reads "
                                f"{', '.join(_DTYPES)}")
         if not (isinstance(shape, list) and all(_is_index(d) for d in shape)):
-            raise self.corrupt(f"tensor {name} has shape {shape!r}")
+            raise self.corrupt(f"tensor {name} has shape {shape!r:.80}")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_index, offsets))
                 and offsets[0] <= offsets[1]):
-            raise self.corrupt(f"tensor {name} has data_offsets {offsets!r}")
+            raise self.corrupt(f"tensor {name} has data_offsets {offsets!r:.80}")
         start, end = offsets
         if end > data_bytes:
             raise self.corrupt(f"tensor {name} runs past the end of the file; it is truncated")
