@@ -194,9 +194,10 @@ class _Parser:
                                      f"characters, or not printable")
         return s
 
-    def decode(self, raw: bytes, what: str) -> str:
+    def decode(self, raw, what: str) -> str:
+        """UTF-8 bytes (or any buffer of them) as text."""
         try:
-            return raw.decode("utf-8")
+            return str(raw, "utf-8")
         except UnicodeDecodeError:
             raise corrupt(self.path, f"{what} is not valid UTF-8") from None
 
@@ -249,7 +250,11 @@ class _Parser:
                     long_ones = 64
             if found and found[2]:
                 joined, self.pos, m = found
-                out += self.decode(joined, f"metadata {key}").split(_SEPARATOR)[1:]
+                run = self.decode(joined, f"metadata {key}").split(_SEPARATOR)
+                del run[0]  # before the first separator: nothing
+                if m == n:
+                    return run  # the usual case: the whole array in one run
+                out += run
                 if m == left:
                     break
             long_ones += 1
@@ -302,11 +307,11 @@ class _Parser:
         return tensors
 
 
-def _short_strings(buf, start: int, end: int, n: int, window: int) -> tuple[bytes, int, int] | None:
+def _short_strings(buf, start: int, end: int, n: int, window: int) -> tuple[np.ndarray, int, int] | None:
     """Up to n length-prefixed strings from `start`, found without a Python loop: guess that
     each is under 256 bytes (its 8-byte length is then below 256), find every position holding
     such a number, and keep the run of guesses that chain (each string ends where the next
-    length begins). Returns (bytes, end position, m): the first m strings with each length
+    length begins). Returns (bytes, end position, m): the first m strings' bytes with each length
     zeroed, so that 8 NULs separate them. m stops short of n at a string of 256 bytes or more,
     which the caller reads on its own; None when a string holds a NUL (never in a real
     vocabulary), making the separators ambiguous. The window (bytes looked at) doubles until it
@@ -316,10 +321,10 @@ def _short_strings(buf, start: int, end: int, n: int, window: int) -> tuple[byte
         if window < 8:
             return b"", start, 0
         b = np.frombuffer(buf, dtype=np.uint8, count=window, offset=start)  # [window]
-        small = np.zeros(window, dtype=bool)  # [window]: a u64 below 256 starts here
-        for o in range(8):
-            u = np.frombuffer(buf, dtype="<u8", count=(window - o) // 8, offset=start + o)
-            small[o:o + 8 * u.size:8] = u < 256
+        zero = b == 0
+        small = zero[1:window - 6].copy()  # [window - 7]: b[p + 1 : p + 8] are all zero
+        for k in range(2, 8):
+            small &= zero[k:window - 7 + k]
         pos = np.flatnonzero(small)[:n]
         if pos.size == 0 or pos[0] != 0:
             return b"", start, 0
@@ -333,7 +338,6 @@ def _short_strings(buf, start: int, end: int, n: int, window: int) -> tuple[byte
             m -= 1
         break
     stop = int(nxt[m - 1]) if m else 0
-    data = b[:stop].copy()
+    data = b[:stop].copy()  # [stop]
     data[pos[:m]] = 0
-    joined = data.tobytes()
-    return (joined, start + stop, m) if joined.count(0) == 8 * m else None
+    return (data, start + stop, m) if np.count_nonzero(data) == stop - 8 * m else None
