@@ -26,3 +26,9 @@ class InfernoError(Exception):
         for name in self.params:
             text = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", "--" + name.replace("_", "-"), text)
         return text
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message on one printable line, for wrapping a library's error (which may
+    quote a file's bytes) in an InfernoError."""
+    text = " ".join(str(e).split())[:limit] or type(e).__name__
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)

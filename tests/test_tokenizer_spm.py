@@ -19,7 +19,7 @@ import tiny_spm
 from transformers import AutoTokenizer
 
 from inferno.errors import InfernoError
-from inferno.model.gguf import metadata, open_reader
+from inferno.model.gguf_file import read_gguf
 from inferno.model.gguf_tokenizer import tokenizer_from_gguf
 from inferno.model.resolve import resolve
 
@@ -59,7 +59,7 @@ def stream(tok, ids) -> list[str]:
 @pytest.fixture(scope="module")
 def gemma():
     path = resolve("gemma3-270m")
-    ours = tokenizer_from_gguf(metadata(open_reader(path), path), path.name)
+    ours = tokenizer_from_gguf(read_gguf(path).metadata, path.name)
     theirs = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return ours, theirs
 
@@ -118,7 +118,7 @@ def llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("spm")
     sp = tiny_spm.train(user_defined=("<|user|>",))
     path = tiny_spm.write_vocab_gguf(sp, folder / "tiny-spm.gguf", user_defined=("<|user|>",))
-    ours = tokenizer_from_gguf(metadata(open_reader(path), path), path.name)
+    ours = tokenizer_from_gguf(read_gguf(path).metadata, path.name)
     theirs = AutoTokenizer.from_pretrained(str(folder), gguf_file=path.name)
     return ours, theirs, sp
 
@@ -182,13 +182,13 @@ def test_llama_style_flags_are_read(tmp_path):
     sentencepiece without its dummy prefix."""
     sp = tiny_spm.train()
     path = tiny_spm.write_vocab_gguf(sp, tmp_path / "eos.gguf", add_bos=False, add_eos=True)
-    ours = tokenizer_from_gguf(metadata(open_reader(path), path), path.name)
+    ours = tokenizer_from_gguf(read_gguf(path).metadata, path.name)
     theirs = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
     assert ours.encode("Hello world") == theirs("Hello world")["input_ids"] == sp.encode("Hello world") + [sp.eos_id()]
 
     bare = tiny_spm.train(dummy_prefix=False)
     path = tiny_spm.write_vocab_gguf(bare, tmp_path / "bare.gguf", add_space_prefix=False)
-    ours = tokenizer_from_gguf(metadata(open_reader(path), path), path.name)
+    ours = tokenizer_from_gguf(read_gguf(path).metadata, path.name)
     for text in HARD:
         assert ours.encode(text, False) == bare.encode(text), text
         assert ours.decode(ours.encode(text)) == text

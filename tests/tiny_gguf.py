@@ -6,6 +6,7 @@ table), llama q/k rows permuted for llama.cpp's RoPE, tokens padded to the vocab
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import gguf
@@ -155,3 +156,45 @@ def _add_tokenizer(w, folder: Path, vocab_size: int, pre: str) -> None:
     else:
         w.add_add_bos_token(False)
     w.add_chat_template(tok_cfg.get("chat_template") or (folder / "chat_template.jinja").read_text())
+
+
+# -- GGUF files byte by byte, for files no writer would produce (error and fuzz tests) ----------
+V = gguf.GGUFValueType
+_FORMATS = {V.UINT8: "B", V.INT8: "b", V.UINT16: "H", V.INT16: "h", V.UINT32: "I", V.INT32: "i",
+            V.FLOAT32: "f", V.BOOL: "?", V.UINT64: "Q", V.INT64: "q", V.FLOAT64: "d"}
+
+
+def gguf_string(s: str | bytes) -> bytes:
+    raw = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def gguf_value(vtype: V, value, elem: V | None = None) -> bytes:
+    """A value's bytes after its type id; an array is (elem type, count, elements), and the
+    elements of an array of arrays are (elem type, values) pairs."""
+    if vtype == V.STRING:
+        return gguf_string(value)
+    if vtype == V.ARRAY:
+        items = [gguf_value(V.ARRAY, v[1], v[0]) if elem == V.ARRAY else gguf_value(elem, v) for v in value]
+        return struct.pack("<IQ", elem, len(value)) + b"".join(items)
+    return struct.pack("<" + _FORMATS[vtype], value)
+
+
+def gguf_kv(key: str | bytes, vtype: V, value, elem: V | None = None) -> bytes:
+    return gguf_string(key) + struct.pack("<I", vtype) + gguf_value(vtype, value, elem)
+
+
+def gguf_tensor(name: str, dims: tuple[int, ...], type_id: int, offset: int) -> bytes:
+    """One tensor-table entry; dims innermost first, offset from the data section."""
+    return (gguf_string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+            + struct.pack("<IQ", type_id, offset))
+
+
+def gguf_bytes(kvs: list[bytes], tensors: list[bytes], data: bytes = b"", *, version: int = 3,
+               n_tensors: int | None = None, n_kv: int | None = None, alignment: int = 32) -> bytes:
+    """A whole file: header, the given key-value and tensor entries, padding, data. The counts
+    default to the entries given."""
+    head = b"GGUF" + struct.pack("<IQQ", version, len(tensors) if n_tensors is None else n_tensors,
+                                 len(kvs) if n_kv is None else n_kv)
+    body = head + b"".join(kvs) + b"".join(tensors)
+    return body + b"\0" * (-len(body) % alignment) + data

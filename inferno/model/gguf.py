@@ -1,29 +1,37 @@
-"""GGUF files (llama.cpp's format) as a Checkpoint: config, float32 tensors under Hugging Face
-names, and a tokenizer, all from the one file.
+"""GGUF files (llama.cpp's format) as a Checkpoint: config, weights under Hugging Face names,
+and a tokenizer, all from the one file.
 
     checkpoint = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
 
-Quantised tensors (Q8_0, Q4_0, Q4_1, the K-quants, ...) are dequantised to float32 at load by
-the `gguf` package, so the backends see the same thing a folder gives them. Two layout facts
-from llama.cpp's converter are undone here: GGUF lists a tensor's dimensions innermost first
-(numpy's order reversed), and `llama` files have their q/k rows permuted for llama.cpp's RoPE.
+Weights stay as stored: a matrix in a type the backends multiply in place (F16, BF16, Q8_0,
+Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) is a QuantTensor over the memory-mapped file, an F32
+one a read-only float32 view; nothing is copied or dequantised. Vectors (norms) become float32
+copies; matrices of any other type are dequantised at load by the `gguf` package, with a notice.
+Two layout facts from llama.cpp's converter are undone here: GGUF lists a tensor's dimensions
+innermost first (numpy's order reversed), and `llama` files have their q/k rows permuted for
+llama.cpp's RoPE (undone by reordering whole rows, so blocks move unchanged).
 """
 
 from __future__ import annotations
 
 import re
+import sys
+from collections import Counter
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
 
-from inferno.errors import InfernoError
+from inferno.backends.quant import QTYPES, QuantTensor
+from inferno.errors import InfernoError, one_line
 from inferno.model.config import ModelConfig, RopeScaling
+from inferno.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 from inferno.model.gguf_tokenizer import tokenizer_from_gguf
 from inferno.model.loader import Checkpoint
+from inferno.model.safetensors import widen_bf16
 from inferno.model.sampling import gguf_sampling
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
-MAGIC = b"GGUF"
 
 # GGUF tensor name -> Hugging Face name, the one rename table; `{i}` is the layer index.
 TENSOR_NAMES = {
@@ -69,81 +77,91 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
 
 
 def load_gguf(path: str | Path, progress=None) -> Checkpoint:
-    """Read a .gguf file into a Checkpoint. `progress` wraps the tensor loop (a tqdm factory)."""
+    """Read a .gguf file into a Checkpoint. `progress` wraps the loop over tensors that must be
+    dequantised (a tqdm factory); the others are views and take no time."""
     path = Path(path)
-    reader = open_reader(path)
-    meta = metadata(reader, path)
+    gf = read_gguf(path)
+    meta = gf.metadata
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
-        raise InfernoError(f"{path.name}: unsupported GGUF architecture {arch!r}; inferno runs "
+        raise InfernoError(f"{path.name}: unsupported GGUF architecture {arch!r:.80}; inferno runs "
                            f"{', '.join(ARCHITECTURES[:-1])} and {ARCHITECTURES[-1]} GGUF files "
                            f"(e.g. SmolLM2, Llama 3, Qwen2.5, Qwen3, Gemma 3)")
-    infos = {t.name: t for t in reader.tensors}
+    infos = gf.tensors
     _check_tensors(path, arch, infos)
     tokenizer = tokenizer_from_gguf(meta, path.name)
-    rope_freqs = dequantize(infos["rope_freqs.weight"], path) if "rope_freqs.weight" in infos else None
-    config = config_from_gguf(meta, arch, infos, tokenizer, path.name, rope_freqs)
+    freqs = infos.get("rope_freqs.weight")
+    rope_freqs = tensor(gf, freqs) if freqs is not None else None
+    try:
+        config = config_from_gguf(meta, arch, infos, tokenizer, path.name, rope_freqs)
+    except (TypeError, ValueError, ArithmeticError) as e:  # a string or list for a number, 0 heads
+        raise InfernoError(f"{path.name}: GGUF metadata of the wrong type ({one_line(e)}); the "
+                           f"file is corrupt") from None
+    _check_layers(path, config, infos)
+
+    # Matrices in other types are dequantised: the one slow part, under the progress bar.
+    model_tensors = [i for i in infos.values() if i.name not in CONFIG_TENSORS]
+    slow = [i for i in model_tensors if len(i.shape) == 2 and not _kept_as_stored(i)]
+    fast = [i for i in model_tensors if len(i.shape) < 2 or _kept_as_stored(i)]
     tensors = {}
-    items = [(n, i) for n, i in infos.items() if n not in CONFIG_TENSORS]
-    for name, info in progress(items, desc="dequantising", unit="tensor") if progress else items:
-        w = dequantize(info, path)
-        if arch == "llama" and name.endswith((".attn_q.weight", ".attn_k.weight")):
-            heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
-            w = unpermute_qk(w, heads)
-        if config.family.norm_plus_one and name.endswith("norm.weight"):
+    todo = chain(fast, progress(slow, desc="dequantising", unit="tensor") if progress and slow else slow)
+    for info in todo:
+        w = tensor(gf, info)
+        if arch == "llama" and info.name.endswith((".attn_q.weight", ".attn_k.weight")):
+            heads = config.num_attention_heads if ".attn_q." in info.name else config.num_key_value_heads
+            w = unpermute_qk(w, heads, f"{path.name}: tensor {info.name}")
+        if config.family.norm_plus_one and info.name.endswith("norm.weight"):
             # llama.cpp's converter stores Gemma's norms as 1 + w; the model folds the 1 in
             # itself, as it does for a Hugging Face folder.
             w = w - np.float32(1.0)
-        tensors[hf_name(name, arch)] = w
+        tensors[hf_name(info.name, arch)] = w
+    _notice_dequantised(path, slow)
     return Checkpoint(config, tensors, tokenizer, source=str(path), file_format="gguf",
                       sampling=[("the GGUF's general.sampling", gguf_sampling(meta))],
                       metadata={k: v for k, v in meta.items() if not k.startswith("tokenizer.ggml.")})
 
 
-def open_reader(path: Path):
-    """A GGUFReader over `path`, with a truncated or foreign file turned into a one-line error."""
-    from gguf import GGUFReader
-
-    if not path.is_file():
-        raise InfernoError(f"GGUF file {path} not found")
-    with open(path, "rb") as f:
-        if f.read(4) != MAGIC:
-            raise InfernoError(f"{path}: not a GGUF file (it does not start with 'GGUF')")
-    try:
-        return GGUFReader(path)
-    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
-        raise InfernoError(f"{path}: truncated or corrupt GGUF file ({_one_line(e)}); download it again") from None
+def tensor(gf: GGUFFile, info: TensorInfo) -> QuantTensor | np.ndarray:
+    """One tensor in Hugging Face's order (`[out, in]` for a matrix), copied only if it must
+    change: see the module's docstring."""
+    shape = info.hf_shape
+    raw = gf.raw(info)  # [nbytes]
+    if len(shape) == 2 and info.type_name in QTYPES:
+        return QuantTensor(info.type_name, shape, raw)
+    if info.type_name == "F32":
+        w = raw.view(np.float32).reshape(shape)
+        return w if len(shape) == 2 else w.copy()
+    return dequantize(raw, info, gf.path).reshape(shape)
 
 
-def metadata(reader, path: Path) -> dict:
-    """Every key-value field as a plain Python value (strings, numbers, lists)."""
-    try:
-        return {name: field.contents() for name, field in reader.fields.items()}
-    except (ValueError, IndexError, UnicodeDecodeError) as e:
-        raise InfernoError(f"{path}: corrupt GGUF metadata ({_one_line(e)}); download it again") from None
-
-
-def dequantize(info, path: Path) -> np.ndarray:
-    """One tensor as a float32 numpy array in Hugging Face's `[out, in]` order."""
+def dequantize(raw: np.ndarray, info: TensorInfo, path: Path) -> np.ndarray:
+    """A tensor's bytes as a flat float32 array (a copy)."""
+    if info.type_name in _WIDEN:
+        return raw.view(_WIDEN[info.type_name]).astype(np.float32)
+    if info.type_name == "BF16":
+        return widen_bf16(raw.view(np.uint16))
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
-    # GGUF lists dimensions innermost first: ne = [in, out] for a linear weight.
-    shape = tuple(int(d) for d in reversed(info.shape))
     try:
-        w = gguf_dequantize(info.data, info.tensor_type)
+        rows = raw.reshape(-1, info.row_bytes)  # [rows, row bytes]
+        w = gguf_dequantize(rows, GGMLQuantizationType(info.type_id))
     except NotImplementedError:
-        raise InfernoError(f"{path.name}: tensor {info.name} has type {info.tensor_type.name}, "
+        raise InfernoError(f"{path.name}: tensor {info.name} has type {info.type_name}, "
                            f"which the gguf package cannot dequantise; {_types_hint()}") from None
-    # np.array copies: F32 data would otherwise stay a view into the memory-mapped file.
-    return np.array(w, dtype=np.float32).reshape(shape)
+    return np.asarray(w, dtype=np.float32).reshape(-1)
 
 
-def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+def unpermute_qk(w: QuantTensor | np.ndarray, n_heads: int, what: str = "a q/k weight"):
     """Undo llama.cpp's q/k row permutation. Its converter turns Hugging Face's rotate-half rows
     (per head: all first halves, then all second halves) into interleaved pairs for its RoPE:
-    w.reshape(heads, 2, hd/2, in).swapaxes(1, 2). This is the inverse."""
-    rows, cols = w.shape  # [n_heads * hd, in]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+    w.reshape(heads, 2, hd/2, in).swapaxes(1, 2). This is the inverse, as a row order, so that a
+    QuantTensor's rows of blocks move whole."""
+    rows = w.shape[0]  # [n_heads * hd, in]
+    if rows % (2 * n_heads):
+        raise InfernoError(f"{what} has {rows} rows, not {n_heads} heads of an even size")
+    order = np.arange(rows).reshape(n_heads, rows // n_heads // 2, 2).swapaxes(1, 2).reshape(rows)
+    return w.take_rows(order) if isinstance(w, QuantTensor) else w[order]
 
 
 def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str,
@@ -212,37 +230,62 @@ def _f32(x) -> float:
     return float(str(np.float32(x)))
 
 
-def _check_tensors(path: Path, arch: str, infos: dict) -> None:
-    """Fail fast, before any dequantising, on a tensor we do not know or cannot dequantise."""
-    if "token_embd.weight" not in infos:
-        raise InfernoError(f"{path.name}: no token_embd.weight tensor; the file is incomplete")
-    for name in infos:
-        if hf_name(name, arch) is None and name not in CONFIG_TENSORS:
-            raise InfernoError(f"{path.name}: tensor {name} is not part of a {arch} model inferno "
-                               f"runs (biases, experts and vision towers are not supported)")
-    for qtype in {info.tensor_type for info in infos.values()}:
-        if not _can_dequantize(qtype):
-            bad = next(n for n, i in infos.items() if i.tensor_type == qtype)
-            raise InfernoError(f"{path.name}: unsupported GGUF tensor type {qtype.name} "
-                               f"(tensor {bad}); {_types_hint()}")
+# Widened with numpy (F32 and BF16 too); every other type through the gguf package.
+_WIDEN = {"F16": np.float16, "F64": np.float64}
 
 
-def _can_dequantize(qtype) -> bool:
-    from gguf import GGML_QUANT_SIZES
+def _kept_as_stored(info: TensorInfo) -> bool:
+    return len(info.shape) == 2 and (info.type_name in QTYPES or info.type_name == "F32")
+
+
+def _check_tensors(path: Path, arch: str, infos: dict[str, TensorInfo]) -> None:
+    """Fail fast, before any work, on a tensor we do not know, cannot shape or cannot read."""
+    embd = infos.get("token_embd.weight")
+    if embd is None or len(embd.shape) != 2:
+        raise InfernoError(f"{path.name}: no token_embd.weight matrix; the file is incomplete")
+    for info in infos.values():
+        if hf_name(info.name, arch) is None and info.name not in CONFIG_TENSORS:
+            raise InfernoError(f"{path.name}: tensor {info.name} is not part of a {arch} model "
+                               f"inferno runs (biases, experts and vision towers are not supported)")
+        if len(info.shape) > 2:
+            raise InfernoError(f"{path.name}: tensor {info.name} has {len(info.shape)} dimensions; "
+                               f"inferno's models use vectors and matrices")
+    for type_name, info in {i.type_name: i for i in infos.values()}.items():
+        if type_name not in (*QTYPES, *_WIDEN, "F32", "BF16") and not _can_dequantize(info):
+            raise InfernoError(f"{path.name}: unsupported GGUF tensor type {type_name} "
+                               f"(tensor {info.name}); {_types_hint()}")
+
+
+def _check_layers(path: Path, config: ModelConfig, infos: dict[str, TensorInfo]) -> None:
+    """The block count must match the blocks present: a corrupted count would otherwise make
+    every later per-layer loop run for billions of layers."""
+    blocks = {int(m.group(1)) for m in map(_BLOCK.match, infos) if m}
+    n = config.num_hidden_layers
+    if len(blocks) != n or max(blocks, default=-1) != n - 1:
+        raise InfernoError(f"{path.name}: block_count is {config.num_hidden_layers} but the file "
+                           f"has tensors for {len(blocks)} blocks; the file is corrupt")
+
+
+def _can_dequantize(info: TensorInfo) -> bool:
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
-    _, type_size = GGML_QUANT_SIZES[qtype]  # bytes per block: dequantise one zero block
-    try:
-        gguf_dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
-    except NotImplementedError:
+    try:  # dequantise one zero row
+        gguf_dequantize(np.zeros((1, info.row_bytes), dtype=np.uint8), GGMLQuantizationType(info.type_id))
+    except (NotImplementedError, ValueError, KeyError):
         return False
     return True
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
+def _notice_dequantised(path: Path, infos: list[TensorInfo]) -> None:
+    """One line on stderr naming the matrix types that could not stay as stored."""
+    if infos:
+        counts = Counter(i.type_name for i in infos)
+        what = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+        print(f"note: {path.name}: dequantised {what} tensor(s) to float32 at load; inferno keeps "
+              f"{', '.join(['F32', *QTYPES])} as stored", file=sys.stderr)
 
 
 def _types_hint() -> str:
-    return ("inferno reads what the gguf package dequantises: F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-            "Q5_0, Q5_1, the K-quants and the IQ types")
+    return (f"inferno reads {', '.join(['F32', *QTYPES])} as stored and dequantises what the "
+            f"gguf package can (F64, Q2_K, Q3_K, the IQ types)")

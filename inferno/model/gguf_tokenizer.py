@@ -19,7 +19,7 @@ A GGUF carries no tokenizer.json: it stores the vocabulary, each token's type an
 
 from __future__ import annotations
 
-from inferno.errors import InfernoError
+from inferno.errors import InfernoError, one_line
 from inferno.model.tokenizer import Tokenizer
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -72,46 +72,58 @@ TURN_ENDS = {"qwen3": QWEN3_STOPS, **dict.fromkeys(("gemma", "gemma2", "gemma3")
 
 
 def tokenizer_from_gguf(meta: dict, source: str) -> Tokenizer:
-    """The file's tokenizer wrapped like a folder's: chat template, special tokens, stop ids."""
+    """The file's tokenizer wrapped like a folder's: chat template, special tokens, stop ids.
+    A malformed vocabulary is one InfernoError, whatever the `tokenizers` library would raise."""
     from tokenizers import AddedToken, processors
 
     kind = meta.get("tokenizer.ggml.model")
-    tokens = list(meta["tokenizer.ggml.tokens"])
-    types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
-    if kind == "gpt2":
-        hf, add_bos = _byte_level_bpe(meta, tokens, source)
-    elif kind == "llama":
-        hf = _sentencepiece(meta, tokens, source)
-        add_bos = True  # llama.cpp's default for SentencePiece vocabularies
-    else:
-        raise InfernoError(f"{source}: GGUF tokenizer {kind!r} is not supported; inferno reads "
-                           f"byte-level BPE ('gpt2': SmolLM2, Llama 3, Qwen) and SentencePiece "
-                           f"('llama': Llama 2, Mistral, Gemma) vocabularies")
-    vocab = hf.get_vocab()
+    tokens = _array(meta, "tokens", str, source)
+    if tokens is None:
+        raise InfernoError(f"{source}: the GGUF file has no tokenizer.ggml.tokens vocabulary")
+    types = _array(meta, "token_type", int, source) or [NORMAL] * len(tokens)
+    if len(types) != len(tokens):
+        raise _corrupt(source, f"{len(types)} token types for {len(tokens)} tokens")
+    template = meta.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise _corrupt(source, "tokenizer.chat_template is not text")
+    try:  # the library raises plain Exception (a merge out of the vocabulary, a bad template)
+        if kind == "gpt2":
+            hf, add_bos = _byte_level_bpe(meta, tokens, source)
+        elif kind == "llama":
+            hf = _sentencepiece(meta, tokens, source)
+            add_bos = True  # llama.cpp's default for SentencePiece vocabularies
+        else:
+            raise InfernoError(f"{source}: GGUF tokenizer {kind!r:.80} is not supported; inferno "
+                               f"reads byte-level BPE ('gpt2': SmolLM2, Llama 3, Qwen) and "
+                               f"SentencePiece ('llama': Llama 2, Mistral, Gemma) vocabularies")
+        vocab = hf.get_vocab()
 
-    special = {key: tokens[meta[f"tokenizer.ggml.{field}"]] for key, field in SPECIAL_KEYS.items()
-               if _valid_id(meta.get(f"tokenizer.ggml.{field}"), tokens)}
-    # Control (<|im_start|>) and unknown (<unk>) tokens match whole and are skipped when
-    # decoding; user-defined ones (<think>) match whole and are kept, as llama.cpp treats them
-    # (Gemma's runs of spaces and of newlines are user-defined tokens).
-    hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                           for t, kind in zip(tokens, types) if kind in (CONTROL, UNKNOWN)])
-    hf.add_tokens([AddedToken(t, special=False, normalized=False)
-                   for t, kind in zip(tokens, types) if kind == USER_DEFINED])
+        special = {key: tokens[meta[f"tokenizer.ggml.{field}"]] for key, field in SPECIAL_KEYS.items()
+                   if _valid_id(meta.get(f"tokenizer.ggml.{field}"), tokens)}
+        # Control (<|im_start|>) and unknown (<unk>) tokens match whole and are skipped when
+        # decoding; user-defined ones (<think>) match whole and are kept, as llama.cpp treats
+        # them (Gemma's runs of spaces and of newlines are user-defined tokens).
+        hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                               for t, kind in zip(tokens, types) if kind in (CONTROL, UNKNOWN)])
+        hf.add_tokens([AddedToken(t, special=False, normalized=False)
+                       for t, kind in zip(tokens, types) if kind == USER_DEFINED])
 
-    add_bos = meta.get("tokenizer.ggml.add_bos_token", add_bos) and "bos_token" in special
-    add_eos = meta.get("tokenizer.ggml.add_eos_token", False) and "eos_token" in special
-    if add_bos or add_eos:
-        bos = [special["bos_token"]] if add_bos else []
-        eos = [special["eos_token"]] if add_eos else []
-        hf.post_processor = processors.TemplateProcessing(
-            single=" ".join(bos + ["$A"] + eos), pair=" ".join(bos + ["$A"] + eos + bos + ["$B"] + eos),
-            special_tokens=[(t, vocab[t]) for t in dict.fromkeys(bos + eos)])
+        add_bos = meta.get("tokenizer.ggml.add_bos_token", add_bos) is True and "bos_token" in special
+        add_eos = meta.get("tokenizer.ggml.add_eos_token", False) is True and "eos_token" in special
+        if add_bos or add_eos:
+            bos = [special["bos_token"]] if add_bos else []
+            eos = [special["eos_token"]] if add_eos else []
+            hf.post_processor = processors.TemplateProcessing(
+                single=" ".join(bos + ["$A"] + eos), pair=" ".join(bos + ["$A"] + eos + bos + ["$B"] + eos),
+                special_tokens=[(t, vocab[t]) for t in dict.fromkeys(bos + eos)])
+    except InfernoError:
+        raise
+    except Exception as e:
+        raise _corrupt(source, f"the tokenizers library refuses its vocabulary: {one_line(e)}") from None
 
     stops = [meta[f"tokenizer.ggml.{k}"] for k in STOP_KEYS if _valid_id(meta.get(f"tokenizer.ggml.{k}"), tokens)]
     stops += [vocab[t] for t in TURN_ENDS.get(meta.get("general.architecture"), ()) if t in vocab]
-    return Tokenizer(hf, chat_template=meta.get("tokenizer.chat_template"), special_tokens=special,
-                     eos_ids=stops)
+    return Tokenizer(hf, chat_template=template, special_tokens=special, eos_ids=stops)
 
 
 def _byte_level_bpe(meta: dict, tokens: list, source: str):
@@ -120,19 +132,21 @@ def _byte_level_bpe(meta: dict, tokens: list, source: str):
     from tokenizers import Tokenizer as HFTokenizer
 
     name = meta.get("tokenizer.ggml.pre", "default")
-    pre = PRE_TOKENIZERS.get(name)
+    pre = PRE_TOKENIZERS.get(name) if isinstance(name, str) else None
     if pre is None:
-        raise InfernoError(f"{source}: GGUF pre-tokenizer {name!r} is not supported "
+        raise InfernoError(f"{source}: GGUF pre-tokenizer {name!r:.80} is not supported "
                            f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
-    merges = meta.get("tokenizer.ggml.merges")
+    merges = _array(meta, "merges", str, source)
     if merges is None:
         raise InfernoError(f"{source}: the GGUF vocabulary has no tokenizer.ggml.merges")
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    if any(len(p) != 2 for p in pairs):
+        raise _corrupt(source, "a merge is not two tokens separated by a space")
 
     # The vocabulary as stored: byte-level tokens spelled in GPT-2's byte alphabet, added
     # tokens (control, user-defined) as their text, so both find their ids.
-    vocab = {token: i for i, token in enumerate(tokens)}
-    bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
-                     ignore_merges=pre.ignore_merges)
+    vocab = dict(zip(tokens, range(len(tokens))))
+    bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges)
     hf = HFTokenizer(bpe)
     hf.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
@@ -158,12 +172,12 @@ def _sentencepiece(meta: dict, tokens: list, source: str):
     from tokenizers import decoders, models, normalizers
     from tokenizers import Tokenizer as HFTokenizer
 
-    scores = meta.get("tokenizer.ggml.scores")
+    scores = _array(meta, "scores", float, source)
     if scores is None or len(scores) != len(tokens):
         raise InfernoError(f"{source}: the GGUF SentencePiece vocabulary has no score per token "
                            f"(tokenizer.ggml.scores)")
     scores = [float(s) for s in scores]  # plain floats sort fast, whatever the reader gave
-    vocab = {token: i for i, token in enumerate(tokens)}
+    vocab = dict(zip(tokens, range(len(tokens))))
     unk = meta.get("tokenizer.ggml.unknown_token_id")
     hf = HFTokenizer(models.BPE(vocab=vocab, merges=_merges(tokens, scores, vocab), fuse_unk=True,
                                 byte_fallback=True,
@@ -196,5 +210,20 @@ def _merges(tokens: list, scores, vocab: dict) -> list[tuple[str, str]]:
     return [(left, right) for *_, left, right in found]
 
 
+def _array(meta: dict, field: str, kind: type, source: str) -> list | None:
+    """tokenizer.ggml.FIELD as a list of `kind`, None when absent. A GGUF array holds one
+    value type, so its first element's type is every element's."""
+    value = meta.get(f"tokenizer.ggml.{field}")
+    if value is None:
+        return None
+    if not isinstance(value, list) or (value and not isinstance(value[0], kind)):
+        raise _corrupt(source, f"tokenizer.ggml.{field} is not a list of {kind.__name__}")
+    return value
+
+
 def _valid_id(token_id, tokens: list) -> bool:
-    return token_id is not None and 0 <= int(token_id) < len(tokens)
+    return type(token_id) is int and 0 <= token_id < len(tokens)
+
+
+def _corrupt(source: str, what: str) -> InfernoError:
+    return InfernoError(f"{source}: corrupt GGUF vocabulary ({what}); download the file again")

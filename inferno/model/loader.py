@@ -1,7 +1,9 @@
 """Checkpoints: what a model file or folder holds, in one shape whatever the format.
 
-A checkpoint is a config, float32 tensors under Hugging Face names, and a tokenizer. A folder
+A checkpoint is a config, weights under Hugging Face names, and a tokenizer. A folder
 (config.json, *.safetensors, tokenizer.json) is read here; other sources produce the same shape.
+Weights are as stored where the backends can use them so: QuantTensors (16-bit or GGML blocks)
+and read-only float32 views for matrices, float32 arrays for vectors.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from inferno.backends.quant import QuantTensor
 from inferno.errors import InfernoError
 from inferno.model.config import ModelConfig
+from inferno.model.gguf_file import MAGIC
 from inferno.model.resolve import resolve
 from inferno.model.safetensors import load_folder_tensors
 from inferno.model.sampling import generation_config_sampling
@@ -24,7 +28,7 @@ FOLDER_CONTENTS = "config.json, *.safetensors and tokenizer.json"
 @dataclass
 class Checkpoint:
     config: ModelConfig
-    tensors: dict[str, np.ndarray]  # Hugging Face names, float32
+    tensors: dict[str, QuantTensor | np.ndarray]  # Hugging Face names
     tokenizer: Tokenizer
     source: str  # where it came from, for messages
     file_format: str = "safetensors"  # or "gguf"
@@ -35,13 +39,15 @@ class Checkpoint:
 
 
 def progress_bar(enabled: bool):
-    """A tqdm wrapper on stderr when enabled, else None (loaders then iterate plainly)."""
+    """A tqdm wrapper on stderr when enabled, else None (loaders then iterate plainly). tqdm is
+    imported on first use: most loads now have no slow loop to show."""
     if not enabled:
         return None
-    from functools import partial
 
-    from tqdm import tqdm
-    return partial(tqdm, leave=False, dynamic_ncols=True)
+    def bar(items, **kwargs):
+        from tqdm import tqdm
+        return tqdm(items, leave=False, dynamic_ncols=True, **kwargs)
+    return bar
 
 
 def load_hf_folder(folder: Path, progress: bool = False) -> Checkpoint:
@@ -64,7 +70,7 @@ def load_hf_folder(folder: Path, progress: bool = False) -> Checkpoint:
 def open_checkpoint(model: str | Path | None = None, progress: bool = False) -> Checkpoint:
     """Load `model`: a folder, a .gguf file, a hub id or an alias (None: the default model);
     see inferno.model.resolve for how each is found or fetched."""
-    from inferno.model.gguf import MAGIC, load_gguf  # here: gguf.py imports this module
+    from inferno.model.gguf import load_gguf  # here: gguf.py imports this module
 
     path = resolve(model)
     if path.is_dir():
