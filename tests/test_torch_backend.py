@@ -49,10 +49,12 @@ def test_dtype_option():
 
 def test_every_op_is_torch():
     """No op falls through to the numpy default (which would silently copy to the host or
-    fail on a device tensor); materialized_attention is the generic composition of ops."""
-    inherited = [op for op in OPS + ("from_numpy", "weight", "to_numpy", "zeros", "synchronize")
+    fail on a device tensor); materialized_attention is the generic composition of ops, and
+    fused_attention a wrapper over decode_attention."""
+    inherited = [op for op in OPS + ("from_numpy", "weight", "to_numpy", "zeros", "synchronize",
+                                     "kv_buffer")
                  if getattr(tb.TorchBackend, op) is getattr(Backend, op)]
-    assert inherited == ["materialized_attention"]
+    assert inherited == ["materialized_attention", "fused_attention"]
 
 
 def test_tensors_stay_on_the_device_and_views_are_views():

@@ -18,9 +18,11 @@ import ctypes
 
 import numpy as np
 
-from inferno.backends import blas
+from inferno.backends import blas, cache_types
 from inferno.backends import kernels as K
-from inferno.backends.base import Backend
+from inferno.backends import kv_kernels as KV
+from inferno.backends.base import CACHE_TYPES, Backend, check_decode, check_window, score_scale
+from inferno.errors import InfernoError
 
 
 def contiguous(x) -> np.ndarray:
@@ -57,6 +59,7 @@ def check_causal(q, k, causal: bool) -> None:
 class SimdBackend(Backend):
     name = "simd"
     threads = 1
+    default_cache_type = "f16"  # llama.cpp's default: half the bytes decode reads, same answers
 
     def __init__(self):
         blas.limit_to_one_thread()  # sgemm on this core only
@@ -108,27 +111,63 @@ class SimdBackend(Backend):
         K.softmax_rows(x, out, 0, x.shape[0])
         return out
 
-    # -- attention ------------------------------------------------------------------------------
-    def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
-                                causal: bool):
-        q, k, v = contiguous(q), contiguous(k), contiguous(v)
-        check_causal(q, k, causal)
-        out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [seq_q, nh * hd]
-        self._attention(K.flash_heads, q.shape[0] * k.shape[0] * n_heads * head_dim,
-                        q, k, v, out, n_heads, n_kv_heads, head_dim, bool(causal))
+    # -- the KV cache ---------------------------------------------------------------------------
+    def write_kv(self, buf, slot: int, start: int, rows) -> None:
+        if not 0 <= start <= start + rows.shape[0] <= buf.shape[1]:
+            raise ValueError(f"rows {start}..{start + rows.shape[0]} are outside the cache's "
+                             f"{buf.shape[1]} positions")
+        KV.write_rows(contiguous(rows), buf.view(np.uint8), kind_of(buf), int(slot), int(start))
+
+    def read_kv(self, buf, slot: int, start: int, stop: int):
+        out = np.empty((stop - start, cache_types.width_of(buf)), np.float32)  # [stop - start, width]
+        KV.read_rows(buf.view(np.uint8), kind_of(buf), int(slot), int(start), out)
         return out
 
-    def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
-                        head_dim: int):
+    # -- attention ------------------------------------------------------------------------------
+    def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
+                                causal: bool, window: int = 0, scale: float | None = None):
+        q, k, v = contiguous(q), contiguous(k), contiguous(v)
+        check_causal(q, k, causal)
+        check_window(causal, window)
+        out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [seq_q, nh * hd]
+        keys = min(k.shape[0], window) if window else k.shape[0]  # keys per query, about
+        self._attention(K.flash_heads, q.shape[0] * keys * n_heads * head_dim, q, k, v, out,
+                        n_heads, n_kv_heads, head_dim, bool(causal), int(window),
+                        score_scale(head_dim, scale))
+        return out
+
+    def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
+                         head_dim: int, window: int = 0, scale: float | None = None):
+        check_decode(q, k_buf, slots, kv_lens, window)
+        kind = kind_of(k_buf)
+        if kind == KV.Q8_0 and head_dim % cache_types.QK8_0:
+            raise InfernoError(f"a q8_0 cache needs a head dim that is a multiple of "
+                               f"{cache_types.QK8_0}, got {head_dim}; use --cache-type f16")
         q = contiguous(q)
-        check_causal(q, k_cache[:kv_len], True)
-        out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [new, nh * hd]
-        self._attention(K.attend_rows_heads, q.shape[0] * kv_len * n_heads * head_dim,
-                        q, contiguous(k_cache), contiguous(v_cache), int(kv_len), out, n_heads,
-                        n_kv_heads, head_dim, True)
+        slots, kv_lens = np.asarray(slots, np.int64), np.asarray(kv_lens, np.int64)
+        batch = q.shape[0]
+        keys = int(kv_lens.sum()) if not window else int(np.minimum(kv_lens, window).sum())
+        splits, run = self._decode_plan(batch * n_kv_heads, keys // batch, keys * n_heads * head_dim)
+        part_acc = np.empty((batch, n_heads, splits, head_dim), np.float32)  # per split: acc
+        part_m = np.empty((batch, n_heads, splits), np.float32)  # running max, running sum
+        part_l = np.empty((batch, n_heads, splits), np.float32)
+        out = np.empty((batch, n_heads * head_dim), np.float32)  # [B, nh * hd]
+        run(q, k_buf.view(np.uint8), v_buf.view(np.uint8), kind, slots, kv_lens,
+                     int(window), score_scale(head_dim, scale), n_heads, n_kv_heads, head_dim,
+                     part_acc, part_m, part_l, out)
         return out
 
     def _attention(self, kernel, work: int, *args) -> None:
         """Run an all-heads attention kernel (`work`: query x key x head x head_dim products).
         Here the heads run one after another; the pool backend fans them out."""
         kernel(*args)
+
+    def _decode_plan(self, pairs: int, keys_per_seq: int, work: int):
+        """(splits, kernel): how many ranges each (sequence, KV head) pair's keys are cut into,
+        one job each, and what runs the jobs. Here one range, every job in turn."""
+        return 1, KV.decode_all
+
+
+def kind_of(buf) -> int:
+    """A cache buffer's type as the kernels' `kind`: its index in CACHE_TYPES."""
+    return CACHE_TYPES.index(cache_types.cache_type_of(buf))
