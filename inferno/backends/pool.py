@@ -1,8 +1,8 @@
 """`pool`: simd's kernels fanned out over the cores.
 
 One job per attention head for flash prefill (each head writes only its own output columns); for
-decode, one job per (sequence, KV head, range of its keys), each writing its own partial sums,
-merged after; rows split across threads for matmul, matvec and the row-wise ops. BLAS inside a
+decode, one job per (sequence, range of its keys), each writing its own partial sums, merged
+after; rows split across threads for matmul, matvec and the row-wise ops. BLAS inside a
 job runs on that job's thread only (see blas.py).
 
 The pool is Numba's own: a `prange` over heads or row ranges, launched from the calling thread,
@@ -115,7 +115,7 @@ def _flash(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale):
 def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_heads, n_kv_heads, head_dim,
             part_acc, part_m, part_l, out):
     n_splits = part_acc.shape[2]
-    for job in nb.prange(q.shape[0] * n_kv_heads * n_splits):  # (sequence, KV head, split)
+    for job in nb.prange(q.shape[0] * n_splits):  # (sequence, range of its keys)
         KV.decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_heads, n_kv_heads,
                       head_dim, n_splits, job, part_acc, part_m, part_l)
     KV.merge_parts(part_acc, part_m, part_l, out)  # on the calling thread, after the jobs
@@ -219,14 +219,14 @@ class PoolBackend(SimdBackend):
         else:
             self._launch(_PER_HEAD[kernel], *args)
 
-    def _decode_plan(self, pairs: int, keys_per_seq: int, work: int):
-        """Cut each (sequence, KV head) pair's keys into ranges so that the jobs share out evenly
+    def _decode_plan(self, seqs: int, keys_per_seq: int, work: int):
+        """Cut each sequence's keys into ranges so that the jobs share out evenly
         over the threads (prange hands each thread an equal run of jobs), none shorter than
         decode_min_keys; a small step runs serially on the calling thread."""
         if self.threads == 1 or work < self.parallel_min_attention:
             return 1, KV.decode_all
         most = max(1, keys_per_seq // self.decode_min_keys)
-        splits = next((s for s in range(1, most + 1) if pairs * s % self.threads == 0), most)
+        splits = next((s for s in range(1, most + 1) if seqs * s % self.threads == 0), most)
         return splits, lambda *args: self._launch(_decode, *args)
 
 

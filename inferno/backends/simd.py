@@ -147,7 +147,7 @@ class SimdBackend(Backend):
         slots, kv_lens = np.asarray(slots, np.int64), np.asarray(kv_lens, np.int64)
         batch = q.shape[0]
         keys = int(kv_lens.sum()) if not window else int(np.minimum(kv_lens, window).sum())
-        splits, run = self._decode_plan(batch * n_kv_heads, keys // batch, keys * n_heads * head_dim)
+        splits, run = self._decode_plan(batch, keys // batch, keys * n_heads * head_dim)
         part_acc = np.empty((batch, n_heads, splits, head_dim), np.float32)  # per split: acc
         part_m = np.empty((batch, n_heads, splits), np.float32)  # running max, running sum
         part_l = np.empty((batch, n_heads, splits), np.float32)
@@ -162,9 +162,9 @@ class SimdBackend(Backend):
         Here the heads run one after another; the pool backend fans them out."""
         kernel(*args)
 
-    def _decode_plan(self, pairs: int, keys_per_seq: int, work: int):
-        """(splits, kernel): how many ranges each (sequence, KV head) pair's keys are cut into,
-        one job each, and what runs the jobs. Here one range, every job in turn."""
+    def _decode_plan(self, seqs: int, keys_per_seq: int, work: int):
+        """(splits, kernel): how many ranges each sequence's keys are cut into, one job each,
+        and what runs the jobs. Here one range, every job in turn."""
         return 1, KV.decode_all
 
 
