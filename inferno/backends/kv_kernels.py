@@ -216,8 +216,8 @@ def tile_accumulate(p, tile, col, n, acc):
 
 
 @jit
-def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_heads, n_kv_heads,
-               head_dim, n_splits, job, part_acc, part_m, part_l):
+def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+               part_acc, part_m, part_l):
     """One job of a decode step: sequence b, split `split` of the keys it attends
     (max(0, kv_len - window) .. kv_len - 1, cut into n_splits contiguous ranges), every head.
     Tiles of whole cached rows are converted once and read by every query head of each KV head
@@ -226,6 +226,7 @@ def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_heads, n_
     running sum l in part_acc [B, n_heads, n_splits, hd], part_m, part_l [B, n_heads, n_splits];
     merge_parts combines the splits. An empty split leaves m = -inf, l = 0, acc = 0.
     """
+    n_heads, n_splits = q.shape[1] // head_dim, part_acc.shape[2]
     b, split = job // n_splits, job % n_splits
     kv_len = kv_lens[b]
     first = max(0, kv_len - window) if window > 0 else 0
@@ -238,17 +239,18 @@ def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_heads, n_
     for h in range(n_heads):
         for d in range(hd):
             qs[h, d] = q[b, h * hd + d] * scale32
-    s = np.empty((n_heads, DECODE_TILE), np.float32)  # a tile's scores, then probabilities
-    shifted = np.empty(DECODE_TILE, np.float32)
-    bits = np.empty(DECODE_TILE, np.int32)
-    tile = np.empty((DECODE_TILE, n_kv_heads * hd), np.float32)  # cached K or V rows, converted
+    rows = max(1, min(DECODE_TILE, hi - lo))  # a short cache needs a short tile
+    s = np.empty((n_heads, rows), np.float32)  # a tile's scores, then probabilities
+    shifted = np.empty(rows, np.float32)
+    bits = np.empty(rows, np.int32)
+    tile = np.empty((rows, n_kv_heads * hd), np.float32)  # cached K or V rows, converted
     acc = np.zeros((n_heads, hd), np.float32)
     m = np.full(n_heads, -np.inf, np.float32)
     l = np.zeros(n_heads, np.float32)
     corr = np.empty(n_heads, np.float32)
     slot = slots[b]
-    for t0 in range(lo, hi, DECODE_TILE):
-        n = min(DECODE_TILE, hi - t0)
+    for t0 in range(lo, hi, rows):
+        n = min(rows, hi - t0)
         load_rows(k_raw, kind, slot, t0, n, 0, n_kv_heads * hd, tile)
         for h in range(n_heads):
             sr = s[h]
@@ -301,11 +303,22 @@ def merge_parts(part_acc, part_m, part_l, out):
 
 
 @jit
-def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_heads, n_kv_heads,
-               head_dim, part_acc, part_m, part_l, out):
-    """Every job of a decode step one after another, then the merge (the simd backend)."""
-    n_splits = part_acc.shape[2]
+def alloc_parts(batch, n_heads, n_splits, head_dim):
+    """Scratch for the jobs: acc [batch, n_heads, n_splits, head_dim], m and l [.., n_splits]."""
+    return (np.empty((batch, n_heads, n_splits, head_dim), np.float32),
+            np.empty((batch, n_heads, n_splits), np.float32),
+            np.empty((batch, n_heads, n_splits), np.float32))
+
+
+@jit
+def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
+               n_splits):
+    """Every job of a decode step one after another, then the merge (the simd backend):
+    q [B, n_heads * head_dim] -> [B, n_heads * head_dim]."""
+    part_acc, part_m, part_l = alloc_parts(q.shape[0], q.shape[1] // head_dim, n_splits, head_dim)
     for job in range(q.shape[0] * n_splits):
-        decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_heads, n_kv_heads,
-                   head_dim, n_splits, job, part_acc, part_m, part_l)
+        decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
+                   job, part_acc, part_m, part_l)
+    out = np.empty_like(q)
     merge_parts(part_acc, part_m, part_l, out)
+    return out

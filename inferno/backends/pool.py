@@ -112,13 +112,14 @@ def _flash(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale):
 
 
 @nb.njit(parallel=True, cache=True)
-def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_heads, n_kv_heads, head_dim,
-            part_acc, part_m, part_l, out):
-    n_splits = part_acc.shape[2]
+def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits):
+    part_acc, part_m, part_l = KV.alloc_parts(q.shape[0], q.shape[1] // head_dim, n_splits, head_dim)
     for job in nb.prange(q.shape[0] * n_splits):  # (sequence, range of its keys)
-        KV.decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_heads, n_kv_heads,
-                      head_dim, n_splits, job, part_acc, part_m, part_l)
+        KV.decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
+                      job, part_acc, part_m, part_l)
+    out = np.empty_like(q)
     KV.merge_parts(part_acc, part_m, part_l, out)  # on the calling thread, after the jobs
+    return out
 
 
 class PoolBackend(SimdBackend):
@@ -139,13 +140,13 @@ class PoolBackend(SimdBackend):
         self.threads = threads
         super().__init__()
 
-    def _launch(self, kernel, *args) -> None:
+    def _launch(self, kernel, *args):
         with _LAUNCH:
             # Numba's thread count belongs to the calling thread; set it when it differs (0.8 us).
             if getattr(_THREADS_SET, "n", None) != self.threads:
                 nb.set_num_threads(self.threads)
                 _THREADS_SET.n = self.threads
-            kernel(*args)
+            return kernel(*args)
 
     def _rowwise(self, serial, parallel, work, out, *args) -> None:
         """Run a row-range kernel over all of out's rows, split across threads when the work

@@ -143,19 +143,12 @@ class SimdBackend(Backend):
         if kind == KV.Q8_0 and head_dim % cache_types.QK8_0:
             raise InfernoError(f"a q8_0 cache needs a head dim that is a multiple of "
                                f"{cache_types.QK8_0}, got {head_dim}; use --cache-type f16")
-        q = contiguous(q)
-        slots, kv_lens = np.asarray(slots, np.int64), np.asarray(kv_lens, np.int64)
-        batch = q.shape[0]
-        keys = int(kv_lens.sum()) if not window else int(np.minimum(kv_lens, window).sum())
-        splits, run = self._decode_plan(batch, keys // batch, keys * n_heads * head_dim)
-        part_acc = np.empty((batch, n_heads, splits, head_dim), np.float32)  # per split: acc
-        part_m = np.empty((batch, n_heads, splits), np.float32)  # running max, running sum
-        part_l = np.empty((batch, n_heads, splits), np.float32)
-        out = np.empty((batch, n_heads * head_dim), np.float32)  # [B, nh * hd]
-        run(q, k_buf.view(np.uint8), v_buf.view(np.uint8), kind, slots, kv_lens,
-                     int(window), score_scale(head_dim, scale), n_heads, n_kv_heads, head_dim,
-                     part_acc, part_m, part_l, out)
-        return out
+        lens = [int(n) for n in kv_lens]
+        keys = sum(min(n, window) for n in lens) if window else sum(lens)  # keys read in all
+        splits, run = self._decode_plan(len(lens), keys // len(lens), keys * n_heads * head_dim)
+        return run(contiguous(q), k_buf.view(np.uint8), v_buf.view(np.uint8), kind,
+                   np.array(slots, np.int64), np.array(lens, np.int64), int(window),
+                   score_scale(head_dim, scale), n_kv_heads, head_dim, splits)  # [B, nh * hd]
 
     def _attention(self, kernel, work: int, *args) -> None:
         """Run an all-heads attention kernel (`work`: query x key x head x head_dim products).
