@@ -238,8 +238,12 @@ def test_decode_attention_checks_its_batch(ops):
     k_buf, v_buf = filled_cache(ops, 1, 2, 10, 32)
     q = ops.from_numpy(np.zeros((2, 64), np.float32))
     for slots, lens in [([0], [3]), ([0, 2], [3, 3]), ([0, 1], [3, 11]), ([0, 1], [0, 3])]:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="slots|outside"):
             ops.decode_attention(q, k_buf, v_buf, slots, lens, 2, 1, 32)
+    with pytest.raises(ValueError, match="heads"):
+        ops.decode_attention(q, k_buf, v_buf, [0, 1], [3, 3], 3, 1, 32)  # q holds 2 heads, not 3
+    with pytest.raises(ValueError, match="one shape"):
+        ops.decode_attention(q, k_buf, ops.kv_buffer(2, 12, 32), [0, 1], [3, 3], 2, 1, 32)
 
 
 @pytest.mark.parametrize("kv_len,new", [(1, 1), (65, 1), (200, 1), (65, 4)])

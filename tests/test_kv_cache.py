@@ -132,6 +132,21 @@ def test_bad_cache_types(cpu_ops):
 
 
 @pytest.mark.parametrize("backend", ["simd", "pool"])
+def test_kernels_refuse_rows_outside_the_buffer(backend):
+    """The Numba kernels do not check bounds: the backend does, before it calls them."""
+    ops = create_backend(backend)
+    buf = ops.kv_buffer(2, 8, 64, "q8_0")
+    for slot, start, rows in [(2, 0, rand(1, 64)), (0, 7, rand(2, 64)), (0, -1, rand(1, 64))]:
+        with pytest.raises(ValueError, match="outside"):
+            ops.write_kv(buf, slot, start, rows)
+    with pytest.raises(ValueError, match="features"):
+        ops.write_kv(buf, 0, 0, rand(1, 96))
+    with pytest.raises(ValueError, match="outside"):
+        ops.read_kv(buf, 0, 3, 9)
+    ops.close()
+
+
+@pytest.mark.parametrize("backend", ["simd", "pool"])
 def test_q8_0_kernels_need_whole_blocks_per_head(backend):
     """The Numba kernels read a head's blocks; 4 heads of 16 would split blocks between heads
     (the numpy reference dequantizes whole rows and does not mind)."""

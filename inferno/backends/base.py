@@ -215,7 +215,7 @@ class Backend:
         slot's keys max(0, kv_lens[b] - window) .. kv_lens[b] - 1 (window 0: all of them).
         `scale` multiplies the scores (None: 1/sqrt(head_dim)). The cache is read in place.
         Returns [B, n_heads * head_dim] float32."""
-        check_decode(q, k_buf, slots, kv_lens, window)
+        check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
         out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)
         for b, (slot, kv_len) in enumerate(zip(slots, kv_lens)):
             start = max(0, kv_len - window) if window else 0
@@ -267,10 +267,16 @@ def check_window(causal: bool, window: int) -> None:
         raise ValueError("a sliding window needs causal attention")
 
 
-def check_decode(q, k_buf, slots, kv_lens, window: int) -> None:
-    """decode_attention's batch: one slot and one length per query row, each length within 1 ..
-    the buffer's capacity."""
+def check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int, head_dim: int,
+                 window: int) -> None:
+    """decode_attention's arguments: heads that fit q, K and V buffers alike, one slot and one
+    length per query row, each length within 1 .. the buffer's capacity."""
     check_window(True, window)
+    if n_heads % n_kv_heads or q.shape[1] != n_heads * head_dim:
+        raise ValueError(f"q [{q.shape[0]}, {q.shape[1]}] does not hold {n_heads} heads of "
+                         f"{head_dim} over {n_kv_heads} KV heads")
+    if k_buf.shape != v_buf.shape or k_buf.dtype != v_buf.dtype:
+        raise ValueError("the K and V buffers must have one shape and cache type")
     if not len(slots) == len(kv_lens) == q.shape[0]:
         raise ValueError(f"{q.shape[0]} query rows need as many slots and kv_lens, got "
                          f"{len(slots)} and {len(kv_lens)}")

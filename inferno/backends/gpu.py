@@ -63,7 +63,7 @@ class GpuBackend(TorchBackend):
                          head_dim: int, window: int = 0, scale: float | None = None):
         """The whole batch in one launch of the Triton kernel (one program per sequence, KV head
         and split), each sequence reading its own slot and length."""
-        check_decode(q, k_buf, slots, kv_lens, window)
+        check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
         return self._kernel.decode_attention(
             q[:, None, :], k_buf, v_buf, [int(n) for n in kv_lens], n_heads, n_kv_heads, head_dim,
             variant=self.decode_variant, slots=[int(s) for s in slots], window=window,

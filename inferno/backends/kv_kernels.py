@@ -13,7 +13,10 @@ emit LLVM's own half <-> float conversion instead, which compiles to vcvtph2ps /
 
 Decode accumulates in float32: a tile of cached rows is converted once into float32 scratch and
 read by every query head of each KV head's group (GQA), so a cache row is read and converted
-once per step, not once per query head.
+once per step, not once per query head. Measured and not kept (SmolLM2's heads, 4000 cached
+tokens, 30 layers, one thread's CPU time per step): converting inside the dot products instead
+of into scratch (f16 19.7 against 19.5 ms, f32 28.9 against 24.3), and software prefetch of the
+next tile on top of that (slower again).
 """
 
 from __future__ import annotations

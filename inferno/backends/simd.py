@@ -113,12 +113,11 @@ class SimdBackend(Backend):
 
     # -- the KV cache ---------------------------------------------------------------------------
     def write_kv(self, buf, slot: int, start: int, rows) -> None:
-        if not 0 <= start <= start + rows.shape[0] <= buf.shape[1]:
-            raise ValueError(f"rows {start}..{start + rows.shape[0]} are outside the cache's "
-                             f"{buf.shape[1]} positions")
+        check_rows(buf, slot, start, start + rows.shape[0], rows.shape[1])
         KV.write_rows(contiguous(rows), buf.view(np.uint8), kind_of(buf), int(slot), int(start))
 
     def read_kv(self, buf, slot: int, start: int, stop: int):
+        check_rows(buf, slot, start, stop)
         out = np.empty((stop - start, cache_types.width_of(buf)), np.float32)  # [stop - start, width]
         KV.read_rows(buf.view(np.uint8), kind_of(buf), int(slot), int(start), out)
         return out
@@ -138,7 +137,10 @@ class SimdBackend(Backend):
 
     def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
                          head_dim: int, window: int = 0, scale: float | None = None):
-        check_decode(q, k_buf, slots, kv_lens, window)
+        check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
+        if cache_types.width_of(k_buf) != n_kv_heads * head_dim:
+            raise ValueError(f"a cache of {cache_types.width_of(k_buf)} features does not hold "
+                             f"{n_kv_heads} KV heads of {head_dim}")
         kind = kind_of(k_buf)
         if kind == KV.Q8_0 and head_dim % cache_types.QK8_0:
             raise InfernoError(f"a q8_0 cache needs a head dim that is a multiple of "
@@ -159,6 +161,15 @@ class SimdBackend(Backend):
         """(splits, kernel): how many ranges each sequence's keys are cut into, one job each,
         and what runs the jobs. Here one range, every job in turn."""
         return 1, KV.decode_all
+
+
+def check_rows(buf, slot: int, start: int, stop: int, width: int | None = None) -> None:
+    """The kernels index without bounds checks: a write or read past the buffer must stop here."""
+    if not (0 <= slot < buf.shape[0] and 0 <= start <= stop <= buf.shape[1]):
+        raise ValueError(f"slot {slot}, positions {start}..{stop} are outside the cache "
+                         f"({buf.shape[0]} slots of {buf.shape[1]} positions)")
+    if width is not None and width != cache_types.width_of(buf):
+        raise ValueError(f"rows of {width} features do not fit a cache of {cache_types.width_of(buf)}")
 
 
 def kind_of(buf) -> int:

@@ -208,7 +208,7 @@ class TorchBackend(Backend):
     def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
                          head_dim: int, window: int = 0, scale: float | None = None):
         """One sequence at a time, each over its own slot's window of keys, read in place."""
-        check_decode(q, k_buf, slots, kv_lens, window)
+        check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
         out = torch.empty(q.shape[0], n_heads * head_dim, dtype=q.dtype, device=q.device)
         for b, (slot, kv_len) in enumerate(zip(slots, kv_lens)):
             start = max(0, kv_len - window) if window else 0
