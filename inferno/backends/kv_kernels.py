@@ -1,9 +1,10 @@
-"""Numba kernels for KV caches of every cache type (cache_types.py): writes, and batched decode
-attention that reads the cache in place, for the simd and pool backends.
+"""Numba kernels for KV caches of every cache type (cache_types.py): writes, reads, and batched
+decode attention over the cache as stored (no float32 copy of it), for the simd and pool
+backends.
 
 A kernel takes a buffer as its bytes (uint8 [slots, capacity, row_bytes]) plus `kind`, the cache
 type's index in CACHE_TYPES, so one compiled kernel serves all four types: the branch on kind
-is taken once per row, and each branch's inner loop over the features vectorises.
+is taken once per tile of rows, and each branch's inner loop over the features vectorises.
 
 Numba has no float16 on the CPU (an array of it fails to compile: "NotImplementedError:
 float16"). Converting the bits by hand (shifts, a multiply by 2^112, a select for inf/NaN) runs
