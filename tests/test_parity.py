@@ -77,12 +77,15 @@ def test_logits_match_transformers(engine, reference):
     assert (ours.argmax(-1) == theirs.argmax(-1)).mean() > 0.95
 
 
-def test_cached_decode_matches_uncached(engine):
+# f32 caches reproduce the uncached pass to float rounding; the backend's default cache (f16 on
+# simd and pool, as llama.cpp keeps it) rounds each K and V to 11 bits.
+@pytest.mark.parametrize("cache_type,tolerance", [("f32", 1e-4), (None, 1e-2)], ids=["f32", "default"])
+def test_cached_decode_matches_uncached(engine, cache_type, tolerance):
     """Prefill a prompt, append a multi-token chunk after the cache, then decode one token at a
     time: every position's logits equal the uncached forward's."""
     full = engine.logits(IDS)
     model = engine.model
-    cache = model.new_cache(len(IDS))
+    cache = model.new_cache(len(IDS), cache_type=cache_type)
     pieces = [model.forward(IDS[:5], cache)]  # prefill
     pieces.append(model.forward(IDS[5:70], cache))  # a chunk after the cache crossing a tile edge
     for tok in IDS[70:]:
@@ -90,7 +93,7 @@ def test_cached_decode_matches_uncached(engine):
     cached = np.concatenate([engine.ops.to_numpy(p) for p in pieces])
     assert cache.length == len(IDS)
     err = np.abs(cached - full).max()
-    assert err < 1e-4 * max(1.0, np.abs(full).max()), f"max abs diff {err}"
+    assert err < tolerance * max(1.0, np.abs(full).max()), f"max abs diff {err}"
 
 
 def test_greedy_generation_is_the_same_on_every_backend(engine, model_dir):

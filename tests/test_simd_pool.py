@@ -4,7 +4,8 @@ over a cache; then whole models: logits equal cpu's within float32 rounding, gre
 gives the same tokens.
 
 "pool-eager" is the pool with its size thresholds at zero, so every op, however small, runs as a
-parallel launch (at the default thresholds small test shapes would take the serial path);
+parallel launch (at the default thresholds small test shapes would take the serial path), and
+its decode cuts each sequence's keys into ranges of 16 or more, so the split-and-merge path runs;
 "pool-1" is the pool on one thread.
 """
 
@@ -37,6 +38,7 @@ def make(variant: str):
     backend = PoolBackend(threads=2)
     if variant == "pool-eager":
         backend.parallel_min_elements = backend.parallel_min_attention = 0
+        backend.decode_min_keys = 16
     return backend
 
 
@@ -173,25 +175,33 @@ def test_flash_prefill_taller_query_blocks(ops, seq_q, seq_k, causal):
                  REF.materialized_attention(q, k, v, 4, 2, 32, causal))
 
 
-@pytest.mark.parametrize("kv_len,new", [(n, 1) for n in SEQS + [128, 129]] + [(64, 4), (65, 4), (200, 4)])
-def test_fused_decode_reads_only_kv_len(ops, kv_len, new):
-    """The cache past kv_len is NaN: a kernel that reads it poisons its output."""
-    q, k, v = qkv(kv_len, new, kv_len, 9, 3, 64)
-    k_cache = np.full((kv_len + 40, 3 * 64), np.nan, np.float32)
-    v_cache = k_cache.copy()
-    k_cache[:kv_len], v_cache[:kv_len] = k, v
-    assert_close(ops.fused_attention(q, k_cache, v_cache, kv_len, 9, 3, 64),
-                 REF.materialized_attention(q, k, v, 9, 3, 64, True))
+@pytest.mark.parametrize("seq_q,seq_k,window", [(1000, 1000, 800), (3100, 3100, 3080),
+                                                (3100, 3100, 100), (300, 3080, 1000)])
+def test_flash_prefill_window_picks_query_blocks(ops, seq_q, seq_k, window):
+    """With a window, a query block streams about window keys, and its height follows that."""
+    q, k, v = qkv(window, seq_q, seq_k, 4, 2, 32)
+    assert_close(ops.flash_attention_prefill(q, k, v, 4, 2, 32, True, window),
+                 REF.materialized_attention(q, k, v, 4, 2, 32, True, window))
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("seq_q,seq_k", [(1, 1), (17, 17), (65, 65), (200, 200), (5, 130)])
-def test_row_kernel_pinned_for_prefill(seq_q, seq_k, causal):
-    """The one-row-at-a-time kernel (decode's) is also a full prefill implementation."""
-    q, k, v = qkv(seq_q, seq_q, seq_k, 16, 8, 128)
-    out = np.empty_like(q)
-    K.attend_rows_heads(q, k, v, seq_k, out, 16, 8, 128, causal)
-    assert_close(out, REF.materialized_attention(q, k, v, 16, 8, 128, causal))
+@pytest.mark.parametrize("window", [0, 1, 70, 500])
+@pytest.mark.parametrize("kv_lens", [[1, 128, 129], [600, 64, 1000]])
+def test_decode_attention_reads_only_its_keys(ops, kv_lens, window):
+    """Slots 1, 3, 0 of four, float32 cache; every position a step must not read is NaN (past
+    each length, older than the window, the unused slot), so reading one poisons the output.
+    Long lengths make pool-eager cut the keys into several ranges."""
+    slots, capacity, width = [1, 3, 0], 1040, 3 * 64
+    rng = np.random.default_rng(len(kv_lens) + window)
+    k_buf, v_buf = (np.full((4, capacity, width), np.nan, np.float32) for _ in range(2))
+    q = rand(3, 9 * 64, seed=window)
+    want = []
+    for b, (slot, n) in enumerate(zip(slots, kv_lens)):
+        first = max(0, n - window) if window else 0
+        k, v = (rng.standard_normal((n - first, width), dtype=np.float32) for _ in range(2))
+        k_buf[slot, first:n], v_buf[slot, first:n] = k, v
+        want.append(REF.materialized_attention(q[b:b + 1], k, v, 9, 3, 64, True))
+    got = ops.decode_attention(q, k_buf, v_buf, slots, kv_lens, 9, 3, 64, window)
+    assert_close(got, np.concatenate(want))
 
 
 def test_materialized_attention_on_own_ops(ops):

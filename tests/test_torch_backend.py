@@ -49,9 +49,10 @@ def test_dtype_option():
 
 def test_every_op_is_torch():
     """No op falls through to the numpy default (which would silently copy to the host or
-    fail on a device tensor); materialized_attention and linear_many are generic compositions of
-    ops."""
-    inherited = [op for op in OPS + ("from_numpy", "weight", "to_numpy", "zeros", "synchronize")
+    fail on a device tensor); materialized_attention and linear_many are generic compositions
+    of ops."""
+    inherited = [op for op in OPS + ("from_numpy", "weight", "to_numpy", "zeros", "synchronize",
+                                     "kv_buffer")
                  if getattr(tb.TorchBackend, op) is getattr(Backend, op)]
     assert inherited == ["linear_many", "materialized_attention"]
 

@@ -1,8 +1,11 @@
 """The Triton decode kernel under Triton's interpreter, on CPU tensors, against a float64
 materialized reference: both loop variants, GQA 16:1, 16:2, 16:8 and 9:3, head dim 64 and 128,
-KV lengths on and around block edges, one and four new tokens, several split counts. Outputs
-and the split kernel's partial buffers are filled with NaN before each run, so an element
-either kernel forgets to write fails the comparison."""
+KV lengths on and around block edges, one and four new tokens, several split counts; then
+batches whose sequences read their own cache slots with their own lengths, sliding windows
+(keys older than the window are NaN: the kernel must never load them), a scale, and caches
+stored in another dtype than the queries. Outputs and the split kernel's partial buffers are
+filled with NaN before each run, so an element either kernel forgets to write fails the
+comparison."""
 
 from __future__ import annotations
 
@@ -40,17 +43,23 @@ def make_inputs(n_heads, n_kv, head_dim, kv_len, n_new, dtype, batch=None, seed=
     return q, k, v
 
 
-def run_poisoned(q, k, v, kv_len, n_heads, n_kv, head_dim, variant, num_splits, block_n=None):
-    """The kernel with NaN-filled output and partials; returns (output, plan)."""
-    batch, n_new = (1, q.shape[0]) if q.dim() == 2 else q.shape[:2]
+def run_poisoned(q, k, v, kv_len, n_heads, n_kv, head_dim, variant, num_splits, block_n=None,
+                 **batch):
+    """The kernel with NaN-filled output and partials; returns (output, plan). `batch`: slots,
+    window and scale, passed through."""
+    n_batch, n_new = (1, q.shape[0]) if q.dim() == 2 else q.shape[:2]
     block_n = block_n or td.default_block_n(head_dim)
-    plan = td.plan_splits(kv_len, batch, n_kv, block_n, num_splits, q.device)
-    partials = td.alloc_partials(batch, n_new, n_heads, plan.num_splits, head_dim, q.device)
+    lens = kv_len if isinstance(kv_len, list) else [kv_len]
+    window = batch.get("window", 0)
+    span = max(min(n, window + n_new - 1) if window else n for n in lens)
+    plan = td.plan_splits(span, n_batch, n_kv, block_n, num_splits, q.device)
+    partials = td.alloc_partials(n_batch, n_new, n_heads, plan.num_splits, head_dim, q.device)
     for p in partials:
         p.fill_(float("nan"))
     out = torch.full_like(q, float("nan"))
     got = td.decode_attention(q, k, v, kv_len, n_heads, n_kv, head_dim, variant=variant,
-                              num_splits=num_splits, block_n=block_n, out=out, partials=partials)
+                              num_splits=num_splits, block_n=block_n, out=out, partials=partials,
+                              **batch)
     assert got is out
     return out, plan
 
@@ -142,6 +151,82 @@ def test_variants_agree_closely():
     assert torch.allclose(a, b, atol=1e-6, rtol=0)
 
 
+def slotted_cache(n_slots, capacity, n_kv, head_dim, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(n_slots, capacity, n_kv * head_dim, generator=g).to(dtype)
+                 for _ in range(2))
+
+
+def poisoned(k, v, slots, kv_lens, n_new, window):
+    """Copies of k, v with NaN where no program may load: unused slots, past each length, and
+    keys older than the oldest any of the sequence's new tokens sees."""
+    k, v = k.clone(), v.clone()
+    for x in (k, v):
+        x[[s for s in range(x.shape[0]) if s not in slots]] = float("nan")
+        for slot, n in zip(slots, kv_lens):
+            x[slot, n:] = float("nan")
+            if window:
+                x[slot, :max(0, n - n_new + 1 - window)] = float("nan")
+    return k, v
+
+
+BATCH_CASES = [  # (n_heads, n_kv, head_dim, slots, kv_lens, n_new, window, splits)
+    (16, 2, 64, [3, 0, 2], [1, 64, 200], 1, 0, None),
+    (16, 2, 64, [3, 0, 2], [1, 64, 200], 1, 1, 2),
+    (9, 3, 64, [1, 2, 0, 3], [65, 127, 300, 63], 1, 5, None),
+    (9, 3, 64, [1, 2, 0, 3], [65, 127, 300, 63], 1, 100, 3),
+    (16, 8, 128, [2, 1], [129, 300], 1, 64, 2),
+    (4, 1, 256, [0, 2], [300, 77], 1, 100, None),  # Gemma 3 270M's heads
+    (8, 2, 64, [1, 0], [300, 130], 4, 70, 2),  # four new tokens, each with its own window start
+]
+
+
+@pytest.mark.parametrize("variant", td.VARIANTS)
+@pytest.mark.parametrize("n_heads,n_kv,head_dim,slots,kv_lens,n_new,window,splits", BATCH_CASES)
+def test_batch_of_slots_lengths_and_windows(variant, n_heads, n_kv, head_dim, slots, kv_lens,
+                                            n_new, window, splits):
+    k, v = slotted_cache(4, 310, n_kv, head_dim, torch.float32, seed=window)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(len(slots), n_new, n_heads * head_dim, generator=g)
+    want = td.reference_attention(q, k, v, kv_lens, n_heads, n_kv, head_dim, slots, window)
+    pk, pv = poisoned(k, v, slots, kv_lens, n_new, window)
+    out, _ = run_poisoned(q, pk, pv, kv_lens, n_heads, n_kv, head_dim, variant, splits,
+                          block_n=64, slots=slots, window=window)
+    assert not torch.isnan(out).any(), "an output element was never written, or a key outside its window was read"
+    assert (out.double() - want).abs().max().item() < 2e-5
+    # each sequence alone gives the same rows
+    for b in range(len(slots)):
+        one, _ = run_poisoned(q[b:b + 1], pk, pv, kv_lens[b:b + 1], n_heads, n_kv, head_dim,
+                              variant, splits, block_n=64, slots=slots[b:b + 1], window=window)
+        assert torch.allclose(one[0], out[b], atol=1e-6)
+
+
+@pytest.mark.parametrize("q_dtype,cache_dtype", [(torch.float32, torch.float16),
+                                                 (torch.float32, torch.bfloat16),
+                                                 (torch.bfloat16, torch.float16)])
+def test_cache_in_another_dtype(q_dtype, cache_dtype):
+    """The cache is widened to float32 as it is loaded: equal to the reference on its values."""
+    k, v = slotted_cache(2, 200, 2, 64, cache_dtype, seed=3)
+    q = torch.randn(2, 1, 8 * 64, generator=torch.Generator().manual_seed(4)).to(q_dtype)
+    got = td.decode_attention(q, k, v, [200, 90], 8, 2, 64, slots=[1, 0], window=64, scale=0.1)
+    want = td.reference_attention(q, k, v, [200, 90], 8, 2, 64, [1, 0], 64, 0.1)
+    assert got.dtype == q_dtype
+    tol = 2e-5 if q_dtype == torch.float32 else 2e-2  # bf16 output rounding
+    assert (got.double() - want).abs().max().item() < tol
+
+
+def test_window_sizes_the_splits():
+    """A 256-key window at the end of a 100k cache: the programs start at the window (every
+    older key is NaN) and the plan is for 256 keys, so partials sized for that plan fit."""
+    q, k, v = make_inputs(16, 2, 64, 100_000, 1, torch.float32, seed=2)
+    want = td.reference_attention(q, k[-259:-3], v[-259:-3], 256, 16, 2, 64)
+    k[:-259], v[:-259] = float("nan"), float("nan")
+    plan = td.plan_splits(256, 1, 2, 64)
+    partials = td.alloc_partials(1, 1, 16, plan.num_splits, 64, "cpu")
+    out = td.decode_attention(q, k, v, 100_000, 16, 2, 64, block_n=64, window=256, partials=partials)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=0)
+
+
 def test_bad_arguments():
     q, k, v = make_inputs(16, 2, 64, 10, 4, torch.float32)
     call = td.decode_attention
@@ -156,7 +241,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="q must be"):
         call(q, k, v, 10, 8, 2, 64)
     with pytest.raises(ValueError, match="dtype"):
-        call(q, k.half(), v.half(), 10, 16, 2, 64)
+        call(q, k.half(), v, 10, 16, 2, 64)  # K and V stored differently
     with pytest.raises(ValueError, match="num_splits"):
         call(q, k, v, 10, 16, 2, 64, num_splits=0)
     with pytest.raises(ValueError, match="partials"):  # sized for 2 splits, the plan makes 1
@@ -164,6 +249,12 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="rows"):
         big_q = torch.randn(9, 16 * 64)  # 16 heads per KV head x 9 tokens > one tile
         call(big_q, k[:, :64], v[:, :64], 10, 16, 1, 64)
+    with pytest.raises(ValueError, match="slot"):
+        call(q, k, v, 10, 16, 2, 64, slots=[1])
+    with pytest.raises(ValueError, match="as many"):
+        call(q, k, v, [10, 10], 16, 2, 64)
+    with pytest.raises(ValueError, match="window"):
+        call(q, k, v, 10, 16, 2, 64, window=-1)
 
 
 def test_default_plan():

@@ -17,6 +17,8 @@ import sys
 
 import numpy as np
 
+from inferno.backends import cache_types
+
 # Keys per streamed K/V tile (and query rows per block) in the flash defaults.
 TILE = 64
 
@@ -26,7 +28,7 @@ OPS = (
     "silu_mul", "gelu_mul", "add", "softmax_rows", "scale", "transpose_2d",
     "fill_strict_upper_tri", "copy_2d_from_cols", "copy_2d_into_cols", "rows", "take_rows", "write_rows",
     "write_kv", "read_kv", "flash_attention_prefill", "materialized_attention",
-    "fused_attention", "decode_attention",
+    "decode_attention",
 )
 
 # KV cache element types (`--cache-type`): what one layer's K or V buffer stores.
@@ -39,6 +41,7 @@ class Backend:
     name = "base"
     device = "cpu"
     weight_itemsize = 4  # bytes per weight element as stored (float32)
+    default_cache_type = "f32"  # what kv_buffer stores when not told (see CACHE_TYPES)
 
     # -- tensors at the edges ------------------------------------------------------------------
     def from_numpy(self, a: np.ndarray):
@@ -55,13 +58,13 @@ class Backend:
     def zeros(self, rows: int, cols: int):
         return np.zeros((rows, cols), dtype=np.float32)
 
-    def kv_buffer(self, slots: int, capacity: int, width: int, cache_type: str = "f32"):
+    def kv_buffer(self, slots: int, capacity: int, width: int, cache_type: str | None = None):
         """One layer's K or V cache: `slots` sequences of `capacity` positions x `width`
-        (n_kv_heads * head_dim) features, stored as `cache_type` (see CACHE_TYPES). Written with
-        write_kv, read with read_kv and decode_attention; never touched directly by the model."""
-        if cache_type != "f32":
-            raise NotImplementedError(f"{self.name}: cache type {cache_type}")  # TODO: attention work
-        return np.zeros((slots, capacity, width), dtype=np.float32)
+        (n_kv_heads * head_dim) features, stored as `cache_type` (see CACHE_TYPES; None: this
+        backend's default_cache_type). Written with write_kv, read with read_kv and
+        decode_attention; never touched directly by the model. Here a numpy array whose dtype
+        names the type (cache_types.py)."""
+        return cache_types.empty(slots, capacity, width, cache_type or self.default_cache_type)
 
     def synchronize(self) -> None:
         """Wait for queued device work (timing points call this); CPU backends are synchronous."""
@@ -173,33 +176,27 @@ class Backend:
     def write_kv(self, buf, slot: int, start: int, rows) -> None:
         """buf[slot, start:start + len(rows)] = rows (float32 [n, width]), converted to the
         buffer's cache type, in place."""
-        buf[slot, start:start + rows.shape[0]] = rows
+        buf[slot, start:start + rows.shape[0]] = cache_types.encode(rows, cache_types.cache_type_of(buf))
 
     def read_kv(self, buf, slot: int, start: int, stop: int):
         """Positions start..stop of one slot as float32 [stop - start, width] (a chunk's prefill
         after a cache reads the cached rows through this)."""
-        return np.ascontiguousarray(buf[slot, start:stop], dtype=np.float32)
+        return cache_types.decode(buf[slot, start:stop])
 
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
                                 causal: bool, window: int = 0, scale: float | None = None):
-        """softmax(q k^T / sqrt(head_dim)) v per head, streaming K/V in tiles of TILE keys with an
-        online softmax: never more than one tile of scores per query row.
+        """softmax(scale * q k^T) v per head, streaming K/V in tiles of TILE keys with an online
+        softmax: never more than one tile of scores per query row.
 
         q [seq_q, n_heads * head_dim]; k, v [seq_k, n_kv_heads * head_dim]; query head h reads KV
         head h // (n_heads // n_kv_heads). With `causal` the diagonal is bottom-right aligned:
-        query row i sees keys 0..(seq_k - seq_q) + i, so a chunk after a cache works unchanged.
+        query row i sits at position p = (seq_k - seq_q) + i and sees keys 0..p, so a chunk
+        after a cache works unchanged. A sliding `window` (causal only; 0: none) keeps the
+        window newest of those, keys p - window < j <= p, as transformers and llama.cpp do.
+        `scale` defaults to 1 / sqrt(head_dim).
         """
-        _no_window_yet(window, scale)
-        return online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal)
-
-    def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
-                        head_dim: int):
-        """Decode attention for the newest q.rows tokens, which sit at cache positions
-        kv_len - q.rows .. kv_len - 1, over the first kv_len rows of the cache. Same online
-        softmax as flash prefill; the cache is read in place, never copied."""
-        return online_softmax_attention(q, k_cache[:kv_len], v_cache[:kv_len], n_heads,
-                                        n_kv_heads, head_dim, causal=True)
+        return online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, window, scale)
 
     def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
                          head_dim: int, window: int = 0, scale: float | None = None):
@@ -210,22 +207,23 @@ class Backend:
         slot's keys max(0, kv_lens[b] - window) .. kv_lens[b] - 1 (window 0: all of them).
         `scale` multiplies the scores (None: 1/sqrt(head_dim)). The cache is read in place.
         Returns [B, n_heads * head_dim] float32."""
+        check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
         out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)
         for b, (slot, kv_len) in enumerate(zip(slots, kv_lens)):
-            if window or scale is not None:
-                raise NotImplementedError("window/scale")  # TODO: attention work
-            out[b:b + 1] = online_softmax_attention(
-                q[b:b + 1], self.read_kv(k_buf, int(slot), 0, int(kv_len)),
-                self.read_kv(v_buf, int(slot), 0, int(kv_len)), n_heads, n_kv_heads, head_dim,
-                causal=True)
+            start = max(0, kv_len - window) if window else 0
+            k = self.read_kv(k_buf, int(slot), start, int(kv_len))  # [kv_len - start, width]
+            v = self.read_kv(v_buf, int(slot), start, int(kv_len))
+            out[b:b + 1] = online_softmax_attention(q[b:b + 1], k, v, n_heads, n_kv_heads,
+                                                    head_dim, True, scale=scale)
         return out
 
     def materialized_attention(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
                                causal: bool, window: int = 0, scale: float | None = None):
         """The textbook path, per head: scores = q k^T, scale, mask, softmax, @ v, all through
         this backend's own ops. The reference flash is pinned to; `--flash off` runs it."""
-        _no_window_yet(window, scale)
+        check_window(causal, window)
         seq_q, seq_k = q.shape[0], k.shape[0]
+        offset = seq_k - seq_q  # query row r sits at position offset + r
         group = n_heads // n_kv_heads
         out = self.zeros(seq_q, n_heads * head_dim)
         for h in range(n_heads):
@@ -234,33 +232,68 @@ class Backend:
             k_h = self.copy_2d_from_cols(k, head_dim, kv_col)  # [seq_k, head_dim]
             v_h = self.copy_2d_from_cols(v, head_dim, kv_col)  # [seq_k, head_dim]
             scores = self.matmul(q_h, self.transpose_2d(k_h))  # [seq_q, seq_k]
-            scores = self.scale(scores, 1.0 / math.sqrt(head_dim))
+            scores = self.scale(scores, score_scale(head_dim, scale))
             if causal:
-                scores = self.fill_strict_upper_tri(scores, -math.inf, offset=seq_k - seq_q)
+                scores = self.fill_strict_upper_tri(scores, -math.inf, offset=offset)
+            if window:
+                # Keys older than the window are the strict upper triangle of the transposed
+                # scores: key j is too old for row r iff r > j + (window - offset - 1).
+                old = self.fill_strict_upper_tri(self.transpose_2d(scores), -math.inf,
+                                                 offset=window - offset - 1)  # [seq_k, seq_q]
+                scores = self.transpose_2d(old)
             ctx = self.matmul(self.softmax_rows(scores), v_h)  # [seq_q, head_dim]
             out = self.copy_2d_into_cols(out, ctx, h * head_dim)
         return out
 
 
-def _no_window_yet(window, scale):  # TODO: the attention work replaces this
-    if window or scale is not None:
-        raise NotImplementedError("sliding window / attention scale")
+def score_scale(head_dim: int, scale: float | None) -> float:
+    """What multiplies q k^T: 1 / sqrt(head_dim) unless the model says otherwise (Gemma 3:
+    query_pre_attn_scalar ** -0.5)."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
 
-def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, tile=TILE):
+def check_window(causal: bool, window: int) -> None:
+    if window < 0:
+        raise ValueError(f"window must be 0 (none) or a number of keys, got {window}")
+    if window and not causal:
+        raise ValueError("a sliding window needs causal attention")
+
+
+def check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int, head_dim: int,
+                 window: int) -> None:
+    """decode_attention's arguments: heads that fit q, K and V buffers alike, one slot and one
+    length per query row, each length within 1 .. the buffer's capacity."""
+    check_window(True, window)
+    if n_heads % n_kv_heads or q.shape[1] != n_heads * head_dim:
+        raise ValueError(f"q [{q.shape[0]}, {q.shape[1]}] does not hold {n_heads} heads of "
+                         f"{head_dim} over {n_kv_heads} KV heads")
+    if k_buf.shape != v_buf.shape or k_buf.dtype != v_buf.dtype:
+        raise ValueError("the K and V buffers must have one shape and cache type")
+    if not len(slots) == len(kv_lens) == q.shape[0]:
+        raise ValueError(f"{q.shape[0]} query rows need as many slots and kv_lens, got "
+                         f"{len(slots)} and {len(kv_lens)}")
+    for slot, kv_len in zip(slots, kv_lens):
+        if not (0 <= slot < k_buf.shape[0] and 1 <= kv_len <= k_buf.shape[1]):
+            raise ValueError(f"slot {slot} with kv_len {kv_len} is outside the cache "
+                             f"({k_buf.shape[0]} slots of {k_buf.shape[1]} positions)")
+
+
+def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, window=0,
+                             scale=None, tile=TILE):
     """Flash attention in numpy, vectorised over heads and a block of query rows.
 
     Walks query blocks of `tile` rows and, for each, key tiles of `tile` keys. Per query row it
     keeps the running max m, running sum l and accumulator acc; a tile that raises the max
-    rescales l and acc by exp(m_old - m_new). Causal attention is a loop bound at tile level
-    (tiles wholly in a block's future are never visited) plus an in-tile mask on the diagonal.
+    rescales l and acc by exp(m_old - m_new). Causal attention and the sliding window are loop
+    bounds at tile level (a block visits only keys from its first row's oldest visible key to
+    its last row's diagonal) plus an in-tile mask on the tiles that cross either edge.
     """
     seq_q, seq_k = q.shape[0], k.shape[0]
-    offset = seq_k - seq_q  # bottom-right causal alignment
+    offset = seq_k - seq_q  # bottom-right causal alignment: row r sits at position offset + r
     if causal and offset < 0:
         raise ValueError(f"causal attention needs at least as many keys ({seq_k}) as queries ({seq_q})")
+    check_window(causal, window)
     group = n_heads // n_kv_heads
-    scale = np.float32(1.0 / math.sqrt(head_dim))
     # Heads that share a KV head sit together: [n_kv, group, seq_q, head_dim].
     qh = q.reshape(seq_q, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
     kh = k.reshape(seq_k, n_kv_heads, 1, head_dim).transpose(1, 2, 0, 3)  # [n_kv, 1, seq_k, hd]
@@ -268,20 +301,30 @@ def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, til
     out = np.empty((n_kv_heads, group, seq_q, head_dim), dtype=np.float32)
     for q0 in range(0, seq_q, tile):
         q1 = min(q0 + tile, seq_q)
-        qb = qh[:, :, q0:q1] * scale  # [n_kv, group, bq, hd]
+        qb = qh[:, :, q0:q1] * np.float32(score_scale(head_dim, scale))  # [n_kv, group, bq, hd]
         m = np.full(qb.shape[:-1] + (1,), -np.inf, dtype=np.float32)
         l = np.zeros_like(m)
         acc = np.zeros(qb.shape, dtype=np.float32)
+        k_start = max(0, offset + q0 - window + 1) if window else 0  # the block's oldest key
         k_end = offset + q1 if causal else seq_k  # the block's last row sees keys < k_end
-        for k0 in range(0, k_end, tile):
+        for k0 in range(k_start, k_end, tile):
             k1 = min(k0 + tile, k_end)
             s = qb @ kh[:, :, k0:k1].swapaxes(-1, -2)  # [n_kv, group, bq, bk]: one tile of scores
-            if causal and k1 - 1 > offset + q0:  # the tile crosses this block's diagonal
-                future = np.arange(k0, k1)[None, :] > np.arange(q0, q1)[:, None] + offset
-                s = np.where(future, -np.inf, s)
+            crosses_diagonal = causal and k1 - 1 > offset + q0
+            crosses_window = window and k0 <= offset + q1 - 1 - window
+            if crosses_diagonal or crosses_window:
+                pos = np.arange(q0, q1)[:, None] + offset  # [bq, 1] query positions
+                keys = np.arange(k0, k1)[None, :]
+                hidden = (keys > pos) if causal else np.zeros((q1 - q0, k1 - k0), bool)
+                if window:
+                    hidden |= keys <= pos - window
+                s = np.where(hidden, -np.inf, s)
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
-            corr = np.exp(m - m_new)  # 1 where the max held, < 1 where this tile raised it
-            p = np.exp(s - m_new)
+            # A row whose window starts past this whole tile has seen no key yet (m = -inf):
+            # subtracting 0 instead keeps its p and corr at 0 rather than NaN.
+            m_sub = np.where(m_new == -np.inf, np.float32(0), m_new)
+            corr = np.exp(m - m_sub)  # 1 where the max held, < 1 where this tile raised it
+            p = np.exp(s - m_sub)
             l = l * corr + p.sum(axis=-1, keepdims=True)
             acc = acc * corr + p @ vh[:, :, k0:k1]
             m = m_new

@@ -1,7 +1,8 @@
 """`gpu`: the torch backend on CUDA, with decode attention through the Triton kernel.
 
-Decode (`fused_attention`) runs inferno/backends/triton_decode.py: GQA-packed tiles, the KV
-sequence split across programs, and the S/P ping-pong loop by default (`decode="serial"` keeps
+Decode (`decode_attention`, a batch of sequences in their own cache slots, in one launch) runs
+inferno/backends/triton_decode.py: GQA-packed tiles, the KV sequence (or its sliding window)
+split across programs, and the S/P ping-pong loop by default (`decode="serial"` keeps
 the plain loop, for comparison). Prefill has two candidates, chosen by `prefill`:
 - "materialized": the torch backend's batched materialized scores (cuBLAS matmuls);
 - "sdpa": torch's scaled_dot_product_attention, which on CUDA dispatches to a fused flash or
@@ -17,8 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from inferno.backends.base import _no_window_yet
-from inferno.backends.torch_backend import TorchBackend, materialized_gqa
+from inferno.backends.base import check_decode, score_scale
+from inferno.backends.torch_backend import TorchBackend, band_mask, materialized_gqa
 from inferno.errors import InfernoError
 
 PREFILL_PATHS = ("sdpa", "materialized")
@@ -54,31 +55,35 @@ class GpuBackend(TorchBackend):
 
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
                                 causal: bool, window: int = 0, scale: float | None = None):
-        _no_window_yet(window, scale)
         if self.prefill_path == "materialized":
-            return materialized_gqa(q, k, v, n_heads, n_kv_heads, head_dim, causal)
-        return sdpa_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal)
+            return materialized_gqa(q, k, v, n_heads, n_kv_heads, head_dim, causal, window, scale)
+        return sdpa_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, window, scale)
 
-    def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
-                        head_dim: int):
-        if (n_heads // n_kv_heads) * q.shape[0] > self._kernel.MAX_ROWS:
-            # More new tokens than one tile holds: a prefill-sized chunk, so prefill's path.
-            return self.flash_attention_prefill(q, k_cache[:kv_len], v_cache[:kv_len], n_heads,
-                                                n_kv_heads, head_dim, True)
-        return self._kernel.decode_attention(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads,
-                                             head_dim, variant=self.decode_variant)
+    def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
+                         head_dim: int, window: int = 0, scale: float | None = None):
+        """The whole batch in one launch of the Triton kernel (one program per sequence, KV head
+        and split), each sequence reading its own slot and length."""
+        check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
+        return self._kernel.decode_attention(
+            q[:, None, :], k_buf, v_buf, [int(n) for n in kv_lens], n_heads, n_kv_heads, head_dim,
+            variant=self.decode_variant, slots=[int(s) for s in slots], window=window,
+            scale=scale)[:, 0, :]
 
 
-def sdpa_attention(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, causal: bool):
+def sdpa_attention(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, causal: bool,
+                   window: int = 0, scale: float | None = None):
     """torch's fused attention on our [rows, heads * head_dim] layout; causal bottom-right."""
     seq_q, seq_k = q.shape[0], k.shape[0]
     qh = q.reshape(1, seq_q, n_heads, head_dim).transpose(1, 2)  # [1, nh, seq_q, hd]
     kh = k.reshape(1, seq_k, n_kv_heads, head_dim).transpose(1, 2)  # [1, nkv, seq_k, hd]
     vh = v.reshape(1, seq_k, n_kv_heads, head_dim).transpose(1, 2)
-    if causal and seq_q != seq_k:
-        # is_causal aligns the diagonal top-left; a chunk after a cache needs it bottom-right.
-        future = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).triu(seq_k - seq_q + 1)
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=~future, enable_gqa=True)
+    scale = score_scale(head_dim, scale)
+    if causal and seq_q == seq_k and not window:
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True)
     else:
-        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=True)
+        # is_causal aligns the diagonal top-left; a chunk after a cache needs it bottom-right,
+        # and a window a band: an explicit mask (True: attend).
+        hidden = band_mask(0, seq_q, seq_k, seq_k - seq_q, causal, window, q.device)
+        o = F.scaled_dot_product_attention(qh, kh, vh, scale=scale, enable_gqa=True,
+                                           attn_mask=None if hidden is None else ~hidden)
     return o.transpose(1, 2).reshape(seq_q, n_heads * head_dim)  # [seq_q, nh * hd]

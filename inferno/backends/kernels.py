@@ -187,31 +187,32 @@ def fill_upper_rows(x, value, offset, out, r0, r1):
 
 # -- attention: one query head per call ----------------------------------------------------------
 @jit
-def flash_head(q, k, v, out, h, kv_h, head_dim, causal):
+def flash_head(q, k, v, out, h, kv_h, head_dim, causal, window, scale):
     """Flash attention for query head h over KV head kv_h, written into out's columns for h.
 
     Walks blocks of query rows (query_block); for each, tiles of TILE keys. A tile's scores are
     one small GEMM ([block, hd] x [hd, TILE], BLAS) into a local buffer; the online softmax runs
     on it (per row: running max m, sum l, rescale factor corr; one vectorised exp for the whole
-    tile), then a second GEMM adds the tile's probabilities x V into the accumulator. Causal is
-    a loop bound: a block never visits keys past its last row's diagonal (bottom-right aligned,
-    seq_k - seq_q rows of offset); inside the diagonal tiles a row's future scores get -inf.
+    tile), then a second GEMM adds the tile's probabilities x V into the accumulator. Causal and
+    the sliding window are loop bounds: a block visits keys from its first row's oldest visible
+    key (position - window + 1) to its last row's diagonal (bottom-right aligned, seq_k - seq_q
+    rows of offset); inside the edge tiles a row's hidden scores get -inf.
     """
     seq_q, seq_k = q.shape[0], k.shape[0]
     off = seq_k - seq_q
     hd = head_dim
     qc, kc = h * hd, kv_h * hd
-    scale = np.float32(1.0 / math.sqrt(hd))
+    scale32 = np.float32(scale)
     qh = np.empty((seq_q, hd), np.float32)  # [seq_q, hd] this head's queries, scaled as the reference
     kh = np.empty((seq_k, hd), np.float32)  # [seq_k, hd] its keys and values, contiguous for BLAS
     vh = np.empty((seq_k, hd), np.float32)
     for i in range(seq_q):
         q_row, qh_row = q[i, qc:qc + hd], qh[i]
         for d in range(hd):
-            qh_row[d] = q_row[d] * scale
+            qh_row[d] = q_row[d] * scale32
     kh[:, :] = k[:, kc:kc + hd]
     vh[:, :] = v[:, kc:kc + hd]
-    qb = query_block(seq_k)
+    qb = query_block(min(seq_k, window) if window > 0 else seq_k)  # keys a block streams
     s_buf = np.empty(qb * TILE, np.float32)  # one tile of scores, then probabilities: [block, TILE]
     shifted = np.empty(qb * TILE, np.float32)  # scores minus their row's running max
     bits = np.empty(qb * TILE, np.int32)
@@ -226,21 +227,24 @@ def flash_head(q, k, v, out, h, kv_h, head_dim, causal):
         m[:bq] = -np.inf
         l[:bq] = 0.0
         acc[:bq] = 0.0
+        k_start = max(0, off + q0 - window + 1) if window > 0 else 0  # the block's oldest key
         k_end = min(off + q1, seq_k) if causal else seq_k  # keys the block's last row sees
-        for k0 in range(0, k_end, TILE):
+        for k0 in range(k_start, k_end, TILE):
             bk = min(TILE, k_end - k0)
             s = s_buf[:bq * bk].reshape((bq, bk))  # [bq, bk]
             np.dot(qh[q0:q1], kh[k0:k0 + bk].T, s)
             for i in range(bq):
                 row, sh = s[i], shifted[i * bk:(i + 1) * bk]
-                n = max(0, min(bk, off + q0 + i + 1 - k0)) if causal else bk  # keys row i sees
+                hi = max(0, min(bk, off + q0 + i + 1 - k0)) if causal else bk  # keys row i sees:
+                lo = min(hi, max(0, off + q0 + i - window + 1 - k0)) if window > 0 else 0  # lo..hi
                 mx = m[i]
-                for j in range(n):
+                for j in range(lo, hi):
                     mx = max(mx, row[j])
-                for j in range(n):
+                sh[:lo] = -np.inf  # older than the window: probability 0
+                for j in range(lo, hi):
                     sh[j] = row[j] - mx
-                sh[n:] = -np.inf  # this row's future: probability 0
-                corr[i] = np.float32(math.exp(m[i] - mx)) if n > 0 else np.float32(1.0)  # 0 on a first tile
+                sh[hi:] = -np.inf  # this row's future
+                corr[i] = np.float32(math.exp(m[i] - mx)) if hi > lo else np.float32(1.0)  # 0 on a first tile
                 m[i] = mx
             exp_into(shifted, s_buf, bits, bq * bk)  # s now holds the tile's probabilities
             for i in range(bq):
@@ -262,71 +266,9 @@ def flash_head(q, k, v, out, h, kv_h, head_dim, causal):
                 o[d] = a[d] * inv
 
 
-@jit
-def attend_rows_head(q, k, v, kv_len, out, h, kv_h, head_dim, causal):
-    """Online-softmax attention for query head h, one query row at a time over tiles of TILE
-    keys, reading only the first kv_len rows of k and v (a KV cache, in place). The article's
-    loop: decode's kernel, where a row is all there is; for prefill it loses 2-3x to the tiled
-    flash_head, whose score and value products are GEMMs. Causal: the q.rows queries are the
-    last positions, row i sees keys 0..kv_len - q.rows + i."""
-    hd = head_dim
-    qc, kc = h * hd, kv_h * hd
-    scale = np.float32(1.0 / math.sqrt(hd))
-    q_row = np.empty(hd, np.float32)
-    acc = np.empty(hd, np.float32)
-    s = np.empty(TILE, np.float32)
-    shifted = np.empty(TILE, np.float32)
-    bits = np.empty(TILE, np.int32)
-    n_q = q.shape[0]
-    for i in range(n_q):
-        q_in = q[i, qc:qc + hd]
-        for d in range(hd):
-            q_row[d] = q_in[d] * scale
-        end = kv_len - n_q + i + 1 if causal else kv_len
-        m = np.float32(-np.inf)
-        total = np.float32(0.0)
-        acc[:] = 0.0
-        for t0 in range(0, end, TILE):
-            n = min(TILE, end - t0)
-            for j in range(n):
-                k_row = k[t0 + j, kc:kc + hd]
-                dot = np.float32(0.0)
-                for d in range(hd):
-                    dot += q_row[d] * k_row[d]
-                s[j] = dot
-            mx = m
-            for j in range(n):
-                mx = max(mx, s[j])
-            for j in range(n):
-                shifted[j] = s[j] - mx
-            exp_into(shifted, s, bits, n)
-            c = np.float32(math.exp(m - mx))  # 0 on the first tile (m = -inf)
-            total *= c
-            for d in range(hd):
-                acc[d] *= c
-            for j in range(n):
-                p = s[j]
-                total += p
-                v_row = v[t0 + j, kc:kc + hd]
-                for d in range(hd):
-                    acc[d] += p * v_row[d]
-            m = mx
-        inv = np.float32(1.0) / total
-        o = out[i, qc:qc + hd]
-        for d in range(hd):
-            o[d] = acc[d] * inv
-
-
 # -- serial drivers (the simd backend) -----------------------------------------------------------
 @jit
-def flash_heads(q, k, v, out, n_heads, n_kv_heads, head_dim, causal):
+def flash_heads(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale):
     group = n_heads // n_kv_heads
     for h in range(n_heads):
-        flash_head(q, k, v, out, h, h // group, head_dim, causal)
-
-
-@jit
-def attend_rows_heads(q, k, v, kv_len, out, n_heads, n_kv_heads, head_dim, causal):
-    group = n_heads // n_kv_heads
-    for h in range(n_heads):
-        attend_rows_head(q, k, v, kv_len, out, h, h // group, head_dim, causal)
+        flash_head(q, k, v, out, h, h // group, head_dim, causal, window, scale)

@@ -1,7 +1,8 @@
 """`pool`: simd's kernels fanned out over the cores.
 
-One job per attention head for flash prefill and decode attention (each head writes only its own
-output columns), rows split across threads for matmul, matvec and the row-wise ops; BLAS inside a
+One job per attention head for flash prefill (each head writes only its own output columns); for
+decode, one job per (sequence, range of its keys), each writing its own partial sums, merged
+after; rows split across threads for matmul, matvec and the row-wise ops. BLAS inside a
 job runs on that job's thread only (see blas.py).
 
 The pool is Numba's own: a `prange` over heads or row ranges, launched from the calling thread,
@@ -31,6 +32,7 @@ import numba as nb
 import numpy as np
 
 from inferno.backends import kernels as K
+from inferno.backends import kv_kernels as KV
 from inferno.backends.simd import SimdBackend, contiguous
 from inferno.errors import InfernoError
 
@@ -103,17 +105,21 @@ def _fill_upper(x, value, offset, out, chunks):
 
 
 @nb.njit(parallel=True, cache=True)
-def _flash(q, k, v, out, n_heads, n_kv_heads, head_dim, causal):
+def _flash(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale):
     group = n_heads // n_kv_heads
     for h in nb.prange(n_heads):  # one job per head
-        K.flash_head(q, k, v, out, h, h // group, head_dim, causal)
+        K.flash_head(q, k, v, out, h, h // group, head_dim, causal, window, scale)
 
 
 @nb.njit(parallel=True, cache=True)
-def _attend_rows(q, k, v, kv_len, out, n_heads, n_kv_heads, head_dim, causal):
-    group = n_heads // n_kv_heads
-    for h in nb.prange(n_heads):  # one job per head
-        K.attend_rows_head(q, k, v, kv_len, out, h, h // group, head_dim, causal)
+def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits):
+    part_acc, part_m, part_l = KV.alloc_parts(q.shape[0], q.shape[1] // head_dim, n_splits, head_dim)
+    for job in nb.prange(q.shape[0] * n_splits):  # (sequence, range of its keys)
+        KV.decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
+                      job, part_acc, part_m, part_l)
+    out = np.empty_like(q)
+    KV.merge_parts(part_acc, part_m, part_l, out)  # on the calling thread, after the jobs
+    return out
 
 
 class PoolBackend(SimdBackend):
@@ -123,6 +129,7 @@ class PoolBackend(SimdBackend):
     # positions ~11 us).
     parallel_min_elements = 1 << 15  # row-wise ops: rows x features; matmuls: multiply-adds
     parallel_min_attention = 1 << 17  # query rows x keys x n_heads x head_dim
+    decode_min_keys = 256  # keys per decode job at the least
 
     def __init__(self, threads: int | None = None):
         cores = nb.config.NUMBA_NUM_THREADS  # the worker team's size: the cores, by default
@@ -133,13 +140,13 @@ class PoolBackend(SimdBackend):
         self.threads = threads
         super().__init__()
 
-    def _launch(self, kernel, *args) -> None:
+    def _launch(self, kernel, *args):
         with _LAUNCH:
             # Numba's thread count belongs to the calling thread; set it when it differs (0.8 us).
             if getattr(_THREADS_SET, "n", None) != self.threads:
                 nb.set_num_threads(self.threads)
                 _THREADS_SET.n = self.threads
-            kernel(*args)
+            return kernel(*args)
 
     def _rowwise(self, serial, parallel, work, out, *args) -> None:
         """Run a row-range kernel over all of out's rows, split across threads when the work
@@ -213,6 +220,16 @@ class PoolBackend(SimdBackend):
         else:
             self._launch(_PER_HEAD[kernel], *args)
 
+    def _decode_plan(self, seqs: int, keys_per_seq: int, work: int):
+        """Cut each sequence's keys into ranges so that the jobs share out evenly
+        over the threads (prange hands each thread an equal run of jobs), none shorter than
+        decode_min_keys; a small step runs serially on the calling thread."""
+        if self.threads == 1 or work < self.parallel_min_attention:
+            return 1, KV.decode_all
+        most = max(1, keys_per_seq // self.decode_min_keys)
+        splits = next((s for s in range(1, most + 1) if seqs * s % self.threads == 0), most)
+        return splits, lambda *args: self._launch(_decode, *args)
+
 
 # simd's serial all-heads kernel -> the same work as one prange job per head.
-_PER_HEAD = {K.flash_heads: _flash, K.attend_rows_heads: _attend_rows}
+_PER_HEAD = {K.flash_heads: _flash}

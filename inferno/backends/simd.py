@@ -18,9 +18,11 @@ import ctypes
 
 import numpy as np
 
-from inferno.backends import blas
+from inferno.backends import blas, cache_types
 from inferno.backends import kernels as K
-from inferno.backends.base import Backend, _no_window_yet
+from inferno.backends import kv_kernels as KV
+from inferno.backends.base import CACHE_TYPES, Backend, check_decode, check_window, score_scale
+from inferno.errors import InfernoError
 
 
 def contiguous(x) -> np.ndarray:
@@ -57,6 +59,7 @@ def check_causal(q, k, causal: bool) -> None:
 class SimdBackend(Backend):
     name = "simd"
     threads = 1
+    default_cache_type = "f16"  # llama.cpp's default: half the bytes decode reads, same answers
 
     def __init__(self):
         blas.limit_to_one_thread()  # sgemm on this core only
@@ -108,28 +111,67 @@ class SimdBackend(Backend):
         K.softmax_rows(x, out, 0, x.shape[0])
         return out
 
+    # -- the KV cache ---------------------------------------------------------------------------
+    def write_kv(self, buf, slot: int, start: int, rows) -> None:
+        check_rows(buf, slot, start, start + rows.shape[0], rows.shape[1])
+        KV.write_rows(contiguous(rows), buf.view(np.uint8), kind_of(buf), int(slot), int(start))
+
+    def read_kv(self, buf, slot: int, start: int, stop: int):
+        check_rows(buf, slot, start, stop)
+        out = np.empty((stop - start, cache_types.width_of(buf)), np.float32)  # [stop - start, width]
+        KV.read_rows(buf.view(np.uint8), kind_of(buf), int(slot), int(start), out)
+        return out
+
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
                                 causal: bool, window: int = 0, scale: float | None = None):
-        _no_window_yet(window, scale)
         q, k, v = contiguous(q), contiguous(k), contiguous(v)
         check_causal(q, k, causal)
+        check_window(causal, window)
         out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [seq_q, nh * hd]
-        self._attention(K.flash_heads, q.shape[0] * k.shape[0] * n_heads * head_dim,
-                        q, k, v, out, n_heads, n_kv_heads, head_dim, bool(causal))
+        keys = min(k.shape[0], window) if window else k.shape[0]  # keys per query, about
+        self._attention(K.flash_heads, q.shape[0] * keys * n_heads * head_dim, q, k, v, out,
+                        n_heads, n_kv_heads, head_dim, bool(causal), int(window),
+                        score_scale(head_dim, scale))
         return out
 
-    def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
-                        head_dim: int):
-        q = contiguous(q)
-        check_causal(q, k_cache[:kv_len], True)
-        out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [new, nh * hd]
-        self._attention(K.attend_rows_heads, q.shape[0] * kv_len * n_heads * head_dim,
-                        q, contiguous(k_cache), contiguous(v_cache), int(kv_len), out, n_heads,
-                        n_kv_heads, head_dim, True)
-        return out
+    def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
+                         head_dim: int, window: int = 0, scale: float | None = None):
+        check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
+        if cache_types.width_of(k_buf) != n_kv_heads * head_dim:
+            raise ValueError(f"a cache of {cache_types.width_of(k_buf)} features does not hold "
+                             f"{n_kv_heads} KV heads of {head_dim}")
+        kind = kind_of(k_buf)
+        if kind == KV.Q8_0 and head_dim % cache_types.QK8_0:
+            raise InfernoError(f"a q8_0 cache needs a head dim that is a multiple of "
+                               f"{cache_types.QK8_0}, got {head_dim}; use --cache-type f16")
+        lens = [int(n) for n in kv_lens]
+        keys = sum(min(n, window) for n in lens) if window else sum(lens)  # keys read in all
+        splits, run = self._decode_plan(len(lens), keys // len(lens), keys * n_heads * head_dim)
+        return run(contiguous(q), k_buf.view(np.uint8), v_buf.view(np.uint8), kind,
+                   np.array(slots, np.int64), np.array(lens, np.int64), int(window),
+                   score_scale(head_dim, scale), n_kv_heads, head_dim, splits)  # [B, nh * hd]
 
     def _attention(self, kernel, work: int, *args) -> None:
         """Run an all-heads attention kernel (`work`: query x key x head x head_dim products).
         Here the heads run one after another; the pool backend fans them out."""
         kernel(*args)
+
+    def _decode_plan(self, seqs: int, keys_per_seq: int, work: int):
+        """(splits, kernel): how many ranges each sequence's keys are cut into, one job each,
+        and what runs the jobs. Here one range, every job in turn."""
+        return 1, KV.decode_all
+
+
+def check_rows(buf, slot: int, start: int, stop: int, width: int | None = None) -> None:
+    """The kernels index without bounds checks: a write or read past the buffer must stop here."""
+    if not (0 <= slot < buf.shape[0] and 0 <= start <= stop <= buf.shape[1]):
+        raise ValueError(f"slot {slot}, positions {start}..{stop} are outside the cache "
+                         f"({buf.shape[0]} slots of {buf.shape[1]} positions)")
+    if width is not None and width != cache_types.width_of(buf):
+        raise ValueError(f"rows of {width} features do not fit a cache of {cache_types.width_of(buf)}")
+
+
+def kind_of(buf) -> int:
+    """A cache buffer's type as the kernels' `kind`: its index in CACHE_TYPES."""
+    return CACHE_TYPES.index(cache_types.cache_type_of(buf))

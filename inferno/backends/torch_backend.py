@@ -5,8 +5,10 @@ cache follow the weights' dtype, while norms, RoPE and softmax compute in float3
 back. Prefill attention keeps the materialized scores (matmul, scale, causal mask, softmax,
 matmul), all heads in one batched matmul per step: on a GPU those matmuls are the fast unit, and
 walking K/V tile by tile in Python-issued ops would trade them for many small launches (the
-Metal backend in the inferno.rs article refused flash for the same reason). Decode attention is
-the same algorithm over the cache, read in place.
+Metal backend in the inferno.rs article refused flash for the same reason); a sliding window is
+a band in the mask. Decode attention is the same algorithm over each sequence's cache slot, read
+in place. KV caches are torch tensors of the cache type's dtype (f32, f16, bf16; by default the
+weights' dtype).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from inferno.backends.base import Backend, _no_window_yet
+from inferno.backends.base import Backend, check_decode, check_window, score_scale
 from inferno.errors import InfernoError
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+CACHE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # Most bytes of float32 scores one materialized-attention step may hold; a longer prompt is
 # processed in chunks of query rows (each chunk still materializes whole score rows).
 SCORE_BYTES = 1 << 30
@@ -94,6 +97,17 @@ class TorchBackend(Backend):
 
     def zeros(self, rows: int, cols: int):
         return torch.zeros(rows, cols, dtype=self.dtype, device=self.device)
+
+    @property
+    def default_cache_type(self) -> str:
+        return next(name for name, dt in CACHE_DTYPES.items() if dt == self.dtype)
+
+    def kv_buffer(self, slots: int, capacity: int, width: int, cache_type: str | None = None):
+        cache_type = cache_type or self.default_cache_type
+        if cache_type not in CACHE_DTYPES:
+            raise InfernoError(f"cache type {cache_type!r} runs on the CPU backends (cpu, simd, "
+                               f"pool) only; here choose one of: {', '.join(CACHE_DTYPES)}")
+        return torch.zeros(slots, capacity, width, dtype=CACHE_DTYPES[cache_type], device=self.device)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -185,49 +199,48 @@ class TorchBackend(Backend):
         dst[start:start + src.shape[0]].copy_(src)
 
     # -- the KV cache ---------------------------------------------------------------------------
-    def kv_buffer(self, slots: int, capacity: int, width: int, cache_type: str = "f32"):
-        # TODO: the attention work gives torch its cache types; today the activation dtype.
-        return torch.zeros(slots, capacity, width, dtype=self.dtype, device=self.device)
-
     def write_kv(self, buf, slot: int, start: int, rows) -> None:
-        buf[slot, start:start + rows.shape[0]].copy_(rows)
+        buf[slot, start:start + rows.shape[0]].copy_(rows)  # converts to the cache's dtype
 
     def read_kv(self, buf, slot: int, start: int, stop: int):
-        return buf[slot, start:stop]  # a view
+        return buf[slot, start:stop].to(self.dtype)  # a view when the cache has the activations' dtype
 
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
                                 causal: bool, window: int = 0, scale: float | None = None):
         """Not flash: materialized scores for every head at once (see the module docstring)."""
-        _no_window_yet(window, scale)
-        return materialized_gqa(q, k, v, n_heads, n_kv_heads, head_dim, causal)
-
-    def fused_attention(self, q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
-                        head_dim: int):
-        # The cache's first kv_len rows are views, not copies; one score row per head.
-        return materialized_gqa(q, k_cache[:kv_len], v_cache[:kv_len], n_heads, n_kv_heads,
-                                head_dim, causal=True)
+        return materialized_gqa(q, k, v, n_heads, n_kv_heads, head_dim, causal, window, scale)
 
     def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
                          head_dim: int, window: int = 0, scale: float | None = None):
-        _no_window_yet(window, scale)  # TODO: the attention work batches this
-        return torch.cat([self.fused_attention(q[b:b + 1], k_buf[int(s)], v_buf[int(s)], int(n),
-                                               n_heads, n_kv_heads, head_dim)
-                          for b, (s, n) in enumerate(zip(slots, kv_lens))])
+        """One sequence at a time, each over its own slot's window of keys, read in place."""
+        check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
+        out = torch.empty(q.shape[0], n_heads * head_dim, dtype=q.dtype, device=q.device)
+        for b, (slot, kv_len) in enumerate(zip(slots, kv_lens)):
+            start = max(0, kv_len - window) if window else 0
+            k = self.read_kv(k_buf, int(slot), start, int(kv_len))  # [kv_len - start, width]
+            v = self.read_kv(v_buf, int(slot), start, int(kv_len))
+            out[b:b + 1] = materialized_gqa(q[b:b + 1], k, v, n_heads, n_kv_heads, head_dim,
+                                            True, scale=scale)
+        return out
 
 
-def materialized_gqa(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, causal: bool):
-    """softmax(q k^T / sqrt(head_dim)) v with the scores materialized, heads batched by KV head.
+
+def materialized_gqa(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, causal: bool,
+                     window: int = 0, scale: float | None = None):
+    """softmax(scale * q k^T) v with the scores materialized, heads batched by KV head.
 
     q [seq_q, n_heads * head_dim]; k, v [seq_k, n_kv_heads * head_dim]. The query heads of one
     KV head are stacked into one matrix, so each KV head is one matmul against its K without
-    copying K per query head. Causal is bottom-right aligned: query row i sees keys
-    0..(seq_k - seq_q) + i. Rows are taken in chunks so the scores stay under SCORE_BYTES.
+    copying K per query head. Causal is bottom-right aligned: query row i, at position
+    p = (seq_k - seq_q) + i, sees keys 0..p, and with a window only p - window < j <= p. Rows
+    are taken in chunks so the scores stay under SCORE_BYTES.
     """
     seq_q, seq_k = q.shape[0], k.shape[0]
     offset = seq_k - seq_q
     if causal and offset < 0:
         raise ValueError(f"causal attention needs at least as many keys ({seq_k}) as queries ({seq_q})")
+    check_window(causal, window)
     group = n_heads // n_kv_heads
     kh = k.reshape(seq_k, n_kv_heads, head_dim).permute(1, 2, 0)  # [n_kv, hd, seq_k]
     vh = v.reshape(seq_k, n_kv_heads, head_dim).transpose(0, 1)  # [n_kv, seq_k, hd]
@@ -239,13 +252,25 @@ def materialized_gqa(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, caus
         # [n_kv, group * rows, hd]: row (g, i) is query head kv * group + g at position q0 + i
         qh = q[q0:q1].reshape(rows, n_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         qh = qh.reshape(n_kv_heads, group * rows, head_dim)
-        scores = torch.bmm(qh, kh).float() * (1.0 / math.sqrt(head_dim))  # [n_kv, g*rows, seq_k]
-        if causal and offset + q0 + 1 < seq_k:  # some row of the chunk has a future
-            i = torch.arange(q0, q1, device=q.device).repeat(group)  # each stacked row's position
-            future = torch.arange(seq_k, device=q.device)[None, :] > i[:, None] + offset
-            scores = scores.masked_fill(future, -math.inf)
+        scores = torch.bmm(qh, kh).float() * score_scale(head_dim, scale)  # [n_kv, g*rows, seq_k]
+        hidden = band_mask(q0, q1, seq_k, offset, causal, window, q.device)  # [rows, seq_k]
+        if hidden is not None:
+            scores = scores.masked_fill(hidden.repeat(group, 1), -math.inf)
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         ctx = torch.bmm(probs, vh)  # [n_kv, group * rows, hd]
         out[q0:q1] = ctx.reshape(n_kv_heads, group, rows, head_dim).permute(2, 0, 1, 3).reshape(
             rows, n_heads * head_dim)
     return out
+
+
+def band_mask(q0: int, q1: int, seq_k: int, offset: int, causal: bool, window: int, device):
+    """[q1 - q0, seq_k] bool, True where query rows q0..q1 (at positions offset + row) must not
+    see a key: the future (causal) and keys older than the window. None when nothing is hidden."""
+    future = causal and offset + q0 + 1 < seq_k  # some row of the chunk has keys in its future
+    old = window and offset + q1 - 1 - window >= 0  # some row has keys older than its window
+    if not (future or old):
+        return None
+    pos = torch.arange(q0, q1, device=device)[:, None] + offset
+    keys = torch.arange(seq_k, device=device)[None, :]
+    hidden = keys > pos  # causal: a window comes only with it
+    return hidden | (keys <= pos - window) if window else hidden

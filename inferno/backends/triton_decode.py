@@ -37,10 +37,14 @@ The loads are Triton's to pipeline (`num_stages`) in both variants; the K-before
 the source asks for, not a guarantee.
 
 The entry point `decode_attention` takes torch tensors in the layout the engine's KV cache keeps:
-`[capacity, n_kv_heads * head_dim]` per layer (optionally with a leading batch dimension), the
-first `kv_len` rows valid. CUDA tensors run compiled; CPU tensors run under Triton's interpreter,
-which must be switched on (TRITON_INTERPRET=1) before this module is imported, because
-`@triton.jit` reads it when the kernels are defined.
+`[slots, capacity, n_kv_heads * head_dim]` per layer (or one slot, `[capacity, width]`). Each
+sequence of a batch reads its own slot and its own length, and with a sliding window only its
+last `window` keys: the programs' key ranges start at the window, and the splits are sized for
+the longest window's worth of keys, not the longest cache. K and V may be stored narrower than
+the queries (an f16 cache under float32 activations): they are widened as they are loaded.
+CUDA tensors run compiled; CPU tensors run under Triton's interpreter, which must be switched
+on (TRITON_INTERPRET=1) before this module is imported, because `@triton.jit` reads it when the
+kernels are defined.
 """
 
 from __future__ import annotations
@@ -79,12 +83,12 @@ def _load_v(v_base, start, hi, stride_vt, offs_n, d, d_ok):
 
 
 @triton.jit
-def _scores(q, kt, start, hi, key_end, qk_scale, offs_n, DOT_PRECISION: tl.constexpr):
-    """S = q K^T for one block, in log2 units, -inf where a key is past the split's end or in
-    the row's causal future: [BLOCK_H, BLOCK_N]."""
+def _scores(q, kt, start, hi, key_lo, key_end, qk_scale, offs_n, DOT_PRECISION: tl.constexpr):
+    """S = q K^T for one block, in log2 units, -inf where a key is past the split's end, in the
+    row's causal future or older than its window: [BLOCK_H, BLOCK_N]."""
     n = start + offs_n
-    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
-    visible = (n[None, :] < hi) & (n[None, :] < key_end[:, None])
+    s = tl.dot(q, kt.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+    visible = (n[None, :] < hi) & (n[None, :] < key_end[:, None]) & (n[None, :] >= key_lo[:, None])
     return tl.where(visible, s, float("-inf"))
 
 
@@ -103,22 +107,24 @@ def _softmax_pv(s, v, m, l, acc, DOT_PRECISION: tl.constexpr):
     return m_new, l, acc
 
 
-# -- kernel 1: one split of the KV sequence for one KV head ----------------------------------
-# kv_len and the split sizes change every decode step; specialising on them (Triton's default
+# -- kernel 1: one split of one sequence's keys for one KV head -----------------------------
+# The split size and window change from call to call; specialising on them (Triton's default
 # for integers: == 1, divisible by 16) would recompile as the cache grows.
-@triton.jit(do_not_specialize=["kv_len", "split_size", "num_splits"])
+@triton.jit(do_not_specialize=["split_size", "window", "num_splits"])
 def _decode_split_kernel(
-    Q, K, V, PartO, PartM, PartL,
-    kv_len, split_size, n_kv, n_heads, num_splits, qk_scale,
+    Q, K, V, Slots, KvLens, PartO, PartM, PartL,
+    split_size, window, n_kv, n_heads, num_splits, qk_scale,
     stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
     GROUP: tl.constexpr, N_NEW: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PINGPONG: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PINGPONG: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid = tl.program_id(0)  # batch * n_kv + KV head
     split = tl.program_id(1)
     b = (pid // n_kv).to(tl.int64)
     kvh = pid % n_kv
+    kv_len = tl.load(KvLens + b)  # this sequence's length
+    slot = tl.load(Slots + b).to(tl.int64)  # and its cache slot
 
     # Tile row r holds new token t = r // GROUP, query head kvh * GROUP + r % GROUP.
     r = tl.arange(0, BLOCK_H)
@@ -129,13 +135,20 @@ def _decode_split_kernel(
     d_ok = d < HEAD_DIM
     q = tl.load(Q + b * stride_qb + t[:, None] * stride_qt + head[:, None] * HEAD_DIM + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
-    # Causal, bottom-right aligned: new token t sits at position kv_len - N_NEW + t.
+    if UPCAST:  # K/V stored in another dtype than q: everything in float32
+        q = q.to(tl.float32)
+    # Causal, bottom-right aligned: new token t sits at position kv_len - N_NEW + t and sees
+    # keys key_lo .. key_end - 1, the last `window` of them when there is a window.
     key_end = kv_len - N_NEW + 1 + t  # [BLOCK_H], exclusive
+    key_lo = tl.where(window > 0, tl.maximum(key_end - window, 0), 0)  # [BLOCK_H]
+    first = tl.where(window > 0, tl.maximum(kv_len - N_NEW + 1 - window, 0), 0)  # token 0's
 
-    lo = split * split_size
-    hi = tl.minimum(lo + split_size, kv_len)  # the entry point makes every split non-empty
-    k_base = K + b * stride_kb + kvh * HEAD_DIM
-    v_base = V + b * stride_vb + kvh * HEAD_DIM
+    lo = first + split * split_size
+    # A shorter sequence of the batch may have fewer keys than this split's start: hi = lo,
+    # nothing is loaded and the split leaves m = -inf, l = 0.
+    hi = tl.maximum(tl.minimum(lo + split_size, kv_len), lo)
+    k_base = K + slot * stride_kb + kvh * HEAD_DIM
+    v_base = V + slot * stride_vb + kvh * HEAD_DIM
     offs_n = tl.arange(0, BLOCK_N)
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -144,25 +157,25 @@ def _decode_split_kernel(
     if PINGPONG:
         # Prologue: K0, then S(0) = QK^T(0) into the first slot.
         kt = _load_kt(k_base, lo, hi, stride_kt, offs_n, d, d_ok)
-        s_cur = _scores(q, kt, lo, hi, key_end, qk_scale, offs_n, DOT_PRECISION)
+        s_cur = _scores(q, kt, lo, hi, key_lo, key_end, qk_scale, offs_n, DOT_PRECISION)
         # Every block that has a successor: QK^T(i+1) goes out before softmax(i).
         for start in range(lo, hi - BLOCK_N, BLOCK_N):
             kt = _load_kt(k_base, start + BLOCK_N, hi, stride_kt, offs_n, d, d_ok)  # K(i+1)
-            s_next = _scores(q, kt, start + BLOCK_N, hi, key_end, qk_scale, offs_n,
+            s_next = _scores(q, kt, start + BLOCK_N, hi, key_lo, key_end, qk_scale, offs_n,
                              DOT_PRECISION)  # the other slot: independent of softmax(S(i))
-            v = _load_v(v_base, start, hi, stride_vt, offs_n, d, d_ok)  # V(i), after K(i+1)
+            v = _load_v(v_base, start, hi, stride_vt, offs_n, d, d_ok).to(q.dtype)  # V(i)
             m, l, acc = _softmax_pv(s_cur, v, m, l, acc, DOT_PRECISION)  # softmax(i), PV(i)
             s_cur = s_next  # the slots swap roles
         # Epilogue: the last block's softmax and PV; V trails K by one block to the end.
-        last = lo + (tl.cdiv(hi - lo, BLOCK_N) - 1) * BLOCK_N
-        v = _load_v(v_base, last, hi, stride_vt, offs_n, d, d_ok)
+        last = tl.maximum(lo + (tl.cdiv(hi - lo, BLOCK_N) - 1) * BLOCK_N, lo)
+        v = _load_v(v_base, last, hi, stride_vt, offs_n, d, d_ok).to(q.dtype)
         m, l, acc = _softmax_pv(s_cur, v, m, l, acc, DOT_PRECISION)
     else:
         # Serial: QK^T(i), softmax(i), PV(i), and only then block i+1. Loads go K0, V0, K1, ...
         for start in range(lo, hi, BLOCK_N):
             kt = _load_kt(k_base, start, hi, stride_kt, offs_n, d, d_ok)
-            s = _scores(q, kt, start, hi, key_end, qk_scale, offs_n, DOT_PRECISION)
-            v = _load_v(v_base, start, hi, stride_vt, offs_n, d, d_ok)
+            s = _scores(q, kt, start, hi, key_lo, key_end, qk_scale, offs_n, DOT_PRECISION)
+            v = _load_v(v_base, start, hi, stride_vt, offs_n, d, d_ok).to(q.dtype)
             m, l, acc = _softmax_pv(s, v, m, l, acc, DOT_PRECISION)
 
     # Partials are [batch, N_NEW, n_heads, num_splits] (m, l) and [..., HEAD_DIM] (acc).
@@ -188,8 +201,8 @@ def _decode_merge_kernel(
     l = tl.load(PartL + row * num_splits + s, mask=s_ok, other=0.0)
     acc = tl.load(PartO + (row * num_splits + s)[:, None] * HEAD_DIM + d[None, :],
                   mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
-    # Split 0 holds key 0, which every row sees, so the max is finite; a split a causal row
-    # cannot see has m = -inf and weight 0.
+    # Every row sees at least its own key, so some split's m is finite; a split a row cannot
+    # see (past a shorter sequence's end, or before the row's window) has m = -inf, weight 0.
     w = tl.exp2(m - tl.max(m, 0))
     o = tl.sum(w[:, None] * acc, 0) / tl.sum(w * l, 0)  # [BLOCK_D]
     head = row % n_heads
@@ -212,7 +225,9 @@ def default_block_n(head_dim: int) -> int:
 
 def plan_splits(kv_len: int, batch: int, n_kv_heads: int, block_n: int,
                 num_splits: int | None = None, device: torch.device | str = "cpu") -> Plan:
-    """How the KV sequence is cut. Given `num_splits` is clamped to one split per KV block.
+    """How the KV sequence is cut: `kv_len` is the most keys one sequence of the batch attends
+    (its window, when that is shorter than its cache). Given `num_splits` is clamped to one
+    split per KV block.
     By default: about two programs per streaming multiprocessor over all (sequence, KV head)
     pairs, but no split shorter than MIN_BLOCKS_PER_SPLIT blocks. Splits are whole blocks, and
     the count is recomputed from the rounded size so that none is empty."""
@@ -237,29 +252,34 @@ def alloc_partials(batch: int, n_new: int, n_heads: int, num_splits: int, head_d
             torch.empty(shape, dtype=torch.float32, device=device))
 
 
-def decode_attention(q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
+def decode_attention(q, k_cache, v_cache, kv_len, n_heads: int, n_kv_heads: int,
                      head_dim: int, variant: str = "pingpong", num_splits: int | None = None,
-                     block_n: int | None = None, *, block_h: int | None = None, out=None,
+                     block_n: int | None = None, *, slots=None, window: int = 0,
+                     scale: float | None = None, block_h: int | None = None, out=None,
                      partials=None, num_warps: int = 4, num_stages: int = 2):
-    """softmax(q K^T / sqrt(head_dim)) V for the newest tokens of each sequence.
+    """softmax(scale * q K^T) V for the newest tokens of each sequence of a batch.
 
-    q [n_new, n_heads * head_dim], or [batch, n_new, n_heads * head_dim]: the new tokens, at
-    cache positions kv_len - n_new .. kv_len - 1, causal among themselves (bottom-right).
-    k_cache, v_cache [capacity, n_kv_heads * head_dim] (or with a leading batch dimension): the
-    first kv_len rows are read in place; rows may be strided, features must be contiguous. Every
-    sequence of a batch has the same kv_len. Query head h reads KV head h // (n_heads // n_kv).
-    Returns a tensor shaped like q (or writes `out`). `partials` (from alloc_partials, sized by
-    plan_splits) lets a caller reuse or inspect the scratch. float32 inputs use IEEE float32
-    dots (no TF32), 16-bit inputs tensor-core dots with float32 accumulation.
+    q [n_new, n_heads * head_dim], or [batch, n_new, n_heads * head_dim]: the new tokens of each
+    sequence, at cache positions kv_len - n_new .. kv_len - 1, causal among themselves
+    (bottom-right). `kv_len` is one length for every sequence or one per sequence. k_cache,
+    v_cache [slots, capacity, n_kv_heads * head_dim] (or one slot, [capacity, width]): sequence
+    b reads slot slots[b] (None: slot b), its first kv_len[b] rows, in place; rows may be
+    strided, features must be contiguous. With a `window` a token at position p sees only keys
+    p - window < j <= p. `scale` defaults to 1 / sqrt(head_dim). Query head h reads KV head
+    h // (n_heads // n_kv). Returns a tensor shaped like q (or writes `out`). `partials` (from
+    alloc_partials, sized by plan_splits) lets a caller reuse or inspect the scratch. float32
+    inputs use IEEE float32 dots (no TF32), 16-bit inputs tensor-core dots with float32
+    accumulation; a cache in another dtype than q is widened to float32 as it is loaded.
     """
     out, handles = _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant,
-                           num_splits, block_n, block_h, out, partials, num_warps, num_stages)
+                           num_splits, block_n, block_h, out, partials, num_warps, num_stages,
+                           slots, window, scale)
     return out
 
 
 def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant="pingpong",
             num_splits=None, block_n=None, block_h=None, out=None, partials=None,
-            num_warps=4, num_stages=2):
+            num_warps=4, num_stages=2, slots=None, window=0, scale=None):
     """decode_attention's body; also returns the two kernels' launch handles (compiled kernels
     on CUDA, whose .asm holds the PTX and TTGIR; None under the interpreter)."""
     if variant not in VARIANTS:
@@ -267,7 +287,9 @@ def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant=
     squeeze = q.dim() == 2
     q3, k3, v3 = (x.unsqueeze(0) if x.dim() == 2 else x for x in (q, k_cache, v_cache))
     batch, n_new, q_width = q3.shape
-    _check(q3, k3, v3, kv_len, n_heads, n_kv_heads, head_dim)
+    kv_lens = [int(n) for n in kv_len] if hasattr(kv_len, "__len__") else [int(kv_len)] * batch
+    slots = list(range(batch)) if slots is None else [int(s) for s in slots]
+    _check(q3, k3, v3, kv_lens, slots, window, n_heads, n_kv_heads, head_dim)
     group = n_heads // n_kv_heads
     rows = group * n_new
     if rows > MAX_ROWS:
@@ -277,7 +299,8 @@ def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant=
     if block_h < rows or block_h & (block_h - 1):
         raise ValueError(f"block_h must be a power of two of at least {rows}, got {block_h}")
     block_n = block_n or default_block_n(head_dim)
-    plan = plan_splits(kv_len, batch, n_kv_heads, block_n, num_splits, q.device)
+    span = max(min(n, window + n_new - 1) if window else n for n in kv_lens)  # keys to read
+    plan = plan_splits(span, batch, n_kv_heads, block_n, num_splits, q.device)
     if partials is None:
         partials = alloc_partials(batch, n_new, n_heads, plan.num_splits, head_dim, q.device)
     part_o, part_m, part_l = partials
@@ -289,16 +312,19 @@ def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant=
     o3 = torch.empty_like(q3) if out is None else (out.unsqueeze(0) if out.dim() == 2 else out)
     if o3.shape != q3.shape or o3.stride(-1) != 1:
         raise ValueError(f"out must be shaped like q {tuple(q.shape)}, got {tuple(out.shape)}")
+    # NOTE: one small host-to-device copy per call (slots and lengths, int32 [2, batch]).
+    meta = torch.tensor([slots, kv_lens], dtype=torch.int32).to(q.device)
 
     block_d = max(16, triton.next_power_of_2(head_dim))
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32 is moot for 16-bit inputs
+    upcast = k3.dtype != q.dtype
+    precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"  # tf32: moot at 16 bits
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     split = _decode_split_kernel[(batch * n_kv_heads, plan.num_splits)](
-        q3, k3, v3, part_o, part_m, part_l,
-        kv_len, plan.split_size, n_kv_heads, n_heads, plan.num_splits,
-        LOG2E / math.sqrt(head_dim),
+        q3, k3, v3, meta[0], meta[1], part_o, part_m, part_l,
+        plan.split_size, int(window), n_kv_heads, n_heads, plan.num_splits, LOG2E * scale,
         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
         GROUP=group, N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_N=block_n,
-        BLOCK_D=block_d, PINGPONG=variant == "pingpong", DOT_PRECISION=precision,
+        BLOCK_D=block_d, PINGPONG=variant == "pingpong", DOT_PRECISION=precision, UPCAST=upcast,
         num_warps=num_warps, num_stages=num_stages)
     merge = _decode_merge_kernel[(batch * n_new * n_heads,)](
         part_o, part_m, part_l, o3, n_heads, plan.num_splits, o3.stride(0), o3.stride(1),
@@ -308,7 +334,7 @@ def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant=
     return o, (split, merge)
 
 
-def _check(q, k, v, kv_len, n_heads, n_kv_heads, head_dim):
+def _check(q, k, v, kv_lens, slots, window, n_heads, n_kv_heads, head_dim):
     batch, n_new, q_width = q.shape
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
@@ -316,14 +342,25 @@ def _check(q, k, v, kv_len, n_heads, n_kv_heads, head_dim):
         raise ValueError(f"q must be [.., n_new, {n_heads * head_dim}] with contiguous rows, "
                          f"got {tuple(q.shape)}")
     for name, x in (("k_cache", k), ("v_cache", v)):
-        if x.dim() != 3 or x.shape[0] != batch or x.shape[2] != n_kv_heads * head_dim:
-            raise ValueError(f"{name} must be [{batch}, capacity, {n_kv_heads * head_dim}], "
+        if x.dim() != 3 or x.shape[2] != n_kv_heads * head_dim:
+            raise ValueError(f"{name} must be [slots, capacity, {n_kv_heads * head_dim}], "
                              f"got {tuple(x.shape)}")
-        if x.stride(-1) != 1 or x.dtype != q.dtype or x.device != q.device:
-            raise ValueError(f"{name} must have contiguous features and q's dtype and device")
-    if not n_new <= kv_len <= min(k.shape[1], v.shape[1]):
-        raise ValueError(f"kv_len {kv_len} must cover the {n_new} new tokens and fit the cache "
-                         f"({min(k.shape[1], v.shape[1])} rows)")
+        if x.stride(-1) != 1 or x.dtype != k.dtype or x.device != q.device:
+            raise ValueError(f"{name} must have contiguous features, q's device and the other "
+                             f"cache's dtype")
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"{name} must be float32, float16 or bfloat16, not {x.dtype}")
+    if not len(kv_lens) == len(slots) == batch:
+        raise ValueError(f"{batch} sequences need as many kv_lens and slots, got "
+                         f"{len(kv_lens)} and {len(slots)}")
+    for kv_len, slot in zip(kv_lens, slots):
+        if not n_new <= kv_len <= min(k.shape[1], v.shape[1]):
+            raise ValueError(f"kv_len {kv_len} must cover the {n_new} new tokens and fit the "
+                             f"cache ({min(k.shape[1], v.shape[1])} rows)")
+        if not 0 <= slot < min(k.shape[0], v.shape[0]):
+            raise ValueError(f"slot {slot} is outside the cache's {min(k.shape[0], v.shape[0])} slots")
+    if window < 0:
+        raise ValueError(f"window must be 0 (none) or a number of keys, got {window}")
     if q.device.type == "cpu" and not INTERPRET:
         raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 "
                            "before importing inferno.backends.triton_decode")
@@ -339,21 +376,30 @@ def _sm_count(device: torch.device) -> int:
     return 2  # the interpreter runs programs one after another: few and long is fastest
 
 
-def reference_attention(q, k_cache, v_cache, kv_len: int, n_heads: int, n_kv_heads: int,
-                        head_dim: int) -> torch.Tensor:
-    """The materialized computation in float64 (scores, bottom-right causal mask, softmax, @ V),
-    shaped like q: what the kernel is tested against."""
+def reference_attention(q, k_cache, v_cache, kv_len, n_heads: int, n_kv_heads: int,
+                        head_dim: int, slots=None, window: int = 0,
+                        scale: float | None = None) -> torch.Tensor:
+    """The materialized computation in float64, one sequence at a time (scores, bottom-right
+    causal mask and window, softmax, @ V), shaped like q: what the kernel is tested against.
+    Arguments as decode_attention's."""
     squeeze = q.dim() == 2
     q3, k3, v3 = (x.unsqueeze(0) if x.dim() == 2 else x for x in (q, k_cache, v_cache))
     batch, n_new, _ = q3.shape
+    kv_lens = list(kv_len) if hasattr(kv_len, "__len__") else [kv_len] * batch
+    slots = list(range(batch)) if slots is None else list(slots)
     group = n_heads // n_kv_heads
-    qh = q3.double().reshape(batch, n_new, n_heads, head_dim).transpose(1, 2)  # [b, nh, new, hd]
-    kh = k3[:, :kv_len].double().reshape(batch, kv_len, n_kv_heads, head_dim).transpose(1, 2)
-    vh = v3[:, :kv_len].double().reshape(batch, kv_len, n_kv_heads, head_dim).transpose(1, 2)
-    kh = kh.repeat_interleave(group, dim=1)  # [b, nh, kv_len, hd]
-    vh = vh.repeat_interleave(group, dim=1)
-    scores = qh @ kh.transpose(-1, -2) / math.sqrt(head_dim)  # [b, nh, new, kv_len]
-    future = torch.arange(kv_len)[None, :] > torch.arange(n_new)[:, None] + (kv_len - n_new)
-    scores = scores.masked_fill(future.to(scores.device), float("-inf"))
-    o = (scores.softmax(-1) @ vh).transpose(1, 2).reshape(batch, n_new, n_heads * head_dim)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    o = torch.empty(batch, n_new, n_heads * head_dim, dtype=torch.float64)
+    for b, (n, slot) in enumerate(zip(kv_lens, slots)):
+        qh = q3[b].double().reshape(n_new, n_heads, head_dim).transpose(0, 1)  # [nh, new, hd]
+        kh = k3[slot, :n].double().reshape(n, n_kv_heads, head_dim).transpose(0, 1)  # [nkv, n, hd]
+        vh = v3[slot, :n].double().reshape(n, n_kv_heads, head_dim).transpose(0, 1)
+        kh, vh = kh.repeat_interleave(group, dim=0), vh.repeat_interleave(group, dim=0)
+        scores = qh.cpu() @ kh.cpu().transpose(-1, -2) * scale  # [nh, new, n]
+        pos = torch.arange(n_new)[:, None] + (n - n_new)
+        keys = torch.arange(n)[None, :]
+        hidden = (keys > pos) | ((keys <= pos - window) if window else False)
+        o[b] = (scores.masked_fill(hidden, float("-inf")).softmax(-1) @ vh.cpu()).transpose(0, 1).reshape(
+            n_new, n_heads * head_dim)
+    o = o.to(q.device)
     return o[0] if squeeze else o

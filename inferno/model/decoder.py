@@ -113,9 +113,10 @@ class DecoderModel:
         if any(layer.window for layer in self.layers):
             self.inv_freq[True] = cfg.inv_freq(local=True)
 
-    def new_cache(self, capacity: int, slots: int = 1) -> KVCache:
+    def new_cache(self, capacity: int, slots: int = 1, cache_type: str | None = None) -> KVCache:
+        """A KV cache of `slots` x `capacity` positions, in the model's cache type unless given."""
         return KVCache(self.ops, self.cfg.num_hidden_layers, capacity, self.cfg.kv_width,
-                       slots=slots, cache_type=self.cache_type)
+                       slots=slots, cache_type=cache_type or self.cache_type)
 
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads, as the backend stores them: every matrix and
