@@ -89,7 +89,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alias", default=None, help="the model name clients send (default: the --model name)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds running requests get to finish before they are cancelled")
-    p.add_argument("--ray", action="store_true", help="run as Ray Serve replicas (pip install 'inferno[ray]')")
+    p.add_argument("--ray", action="store_true", help="run as Ray Serve replicas (pip install -e '.[ray]' in inferno's folder)")
     p.add_argument("--replicas", type=_positive_int, default=1, help="with --ray: replicas, each with its own engine")
     p.add_argument("--ray-address", default=None,
                    help="with --ray: the cluster to join ('auto', or HOST:6379 from `ray start --head`; "
@@ -272,14 +272,18 @@ def cmd_chat(args) -> int:
 def cmd_serve(args) -> int:
     import os
 
+    from inferno.engine import check_ctx_size
     from inferno.model.resolve import resolve
     try:
         from inferno.serve.app import ServerConfig
     except ImportError as e:
-        raise InfernoError(f"inferno serve needs FastAPI and uvicorn: pip install 'inferno[serve]' ({e})") from None
+        raise InfernoError(f"inferno serve needs FastAPI and uvicorn: pip install -e '.[serve]' in "
+                           f"inferno's folder ({e})") from None
+    check_ctx_size(args.ctx_size)
     resolve(args.model)  # a bad name fails here, in one line, before a port is bound
     config = ServerConfig(model=args.model, backend=args.backend, backend_options=tuple(backend_options(args).items()),
-                          flash=args.flash == "on", parallel=args.parallel, ctx_size=args.ctx_size,
+                          flash=args.flash == "on", cache_type=args.cache_type, parallel=args.parallel,
+                          ctx_size=args.ctx_size,
                           queue_limit=args.queue_limit, chunk=args.prefill_chunk,
                           api_key=args.api_key or os.environ.get("INFERNO_API_KEY") or None, model_id=args.alias)
     if args.ray:

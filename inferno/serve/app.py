@@ -53,6 +53,7 @@ class ServerConfig:
     queue_limit: int = 64
     chunk: int = 256
     flash: bool = True
+    cache_type: str | None = None
     api_key: str | None = None
     model_id: str | None = None
 
@@ -67,8 +68,8 @@ class ServerConfig:
 
     def load(self, metrics: Metrics) -> BatchEngine:
         from inferno.engine import load
-        engine = load(self.model, backend=self.backend, flash=self.flash, progress=False,
-                      **dict(self.backend_options))
+        engine = load(self.model, backend=self.backend, flash=self.flash, cache_type=self.cache_type,
+                      progress=False, **dict(self.backend_options))
         try:
             return BatchEngine(engine, parallel=self.parallel, ctx_size=self.ctx_size,
                                queue_limit=self.queue_limit, chunk=self.chunk, metrics=metrics)
@@ -178,7 +179,7 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         except InfernoError as e:
             raise APIError(400, str(e), param="messages") from None
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, batch.ctx_size - len(ids))
-        options = req.options(max_tokens, req.logprobs, req.top_logprobs or 0)
+        options = req.options(batch.engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0)
         return await respond(request, req, Response("chat", req.model, state.tokens),
                              submit(batch, ids, options, req.n, "max_completion_tokens"))
 
@@ -189,7 +190,7 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [req.prompt]
         ids = [tok.encode(p, add_special_tokens=True) if isinstance(p, str) else p for p in prompts]
         max_tokens = req.max_tokens or max(1, batch.ctx_size - max(map(len, ids)))
-        options = req.options(max_tokens, req.logprobs is not None, req.logprobs or 0)
+        options = req.options(batch.engine.sampling, max_tokens, req.logprobs is not None, req.logprobs or 0)
         return await respond(request, req, Response("text", req.model, state.tokens),
                              submit(batch, ids, options, req.n, "max_tokens"))
 

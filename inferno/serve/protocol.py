@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferno.model.sampling import SamplingParams
+from inferno.model.sampling import SamplingDefaults
 from inferno.serve.sequence import Event, Options, TokenLogprob
 
 
@@ -74,17 +74,16 @@ class Request(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
 
-    def options(self, max_tokens: int, logprobs: bool, top_logprobs: int) -> Options:
-        """The sampler settings; OpenAI's defaults (temperature 1, no top-k or min-p)."""
+    def options(self, defaults: SamplingDefaults, max_tokens: int, logprobs: bool, top_logprobs: int) -> Options:
+        """The sampler settings: what the request sets, over the model's defaults (its
+        generation config, else llama.cpp's), as vLLM and llama.cpp's server do."""
         bias = []
         for key, value in (self.logit_bias or {}).items():
             if not key.lstrip("-").isdigit() or not -100 <= value <= 100:
                 raise APIError(400, "logit_bias maps token ids to values in [-100, 100]", param="logit_bias")
             bias.append((int(key), float(value)))
-        sampling = SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_k=self.top_k or 0, top_p=self.top_p or 1.0, min_p=self.min_p or 0.0,
-            repeat_penalty=self.repetition_penalty or 1.0, seed=self.seed)
+        sampling = defaults.params(seed=self.seed, temperature=self.temperature, top_k=self.top_k,
+                                   top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repetition_penalty)
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return Options(max_tokens=max_tokens, sampling=sampling, stop=stop,
                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,

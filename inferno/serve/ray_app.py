@@ -52,7 +52,7 @@ def run(config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8000, repl
         import ray
         from ray import serve
     except ImportError as e:
-        raise InfernoError(f"--ray needs Ray Serve: pip install 'inferno[ray]' ({e})") from None
+        raise InfernoError(f"--ray needs Ray Serve: pip install -e '.[ray]' in inferno's folder ({e})") from None
     ray.init(address=address, include_dashboard=False, log_to_driver=True)
     try:
         cpus = cpus_per_replica or max(1, int(ray.cluster_resources().get("CPU", 1)) // replicas)

@@ -30,11 +30,12 @@ import queue
 import threading
 import time
 from collections import defaultdict, deque
+from dataclasses import replace
 from typing import Iterable
 
 import numpy as np
 
-from inferno.engine import Engine
+from inferno.engine import Engine, check_ctx_size
 from inferno.errors import InfernoError
 from inferno.model.decoder import Segment
 from inferno.serve.metrics import Metrics
@@ -91,12 +92,10 @@ class BatchEngine:
     def __init__(self, engine: Engine, *, parallel: int = 4, ctx_size: int | None = None,
                  queue_limit: int = 64, chunk: int = 256, metrics: Metrics | None = None):
         model_max = engine.config.max_position_embeddings
-        ctx_size = min(4096, model_max) if ctx_size is None else ctx_size
-        if not 1 <= ctx_size <= model_max:
-            raise InfernoError(f"--ctx-size must be between 1 and the model's context ({model_max}), got {ctx_size}")
-        if parallel < 1 or chunk < 1 or queue_limit < 0:
-            raise InfernoError(f"--parallel and the prefill chunk must be at least 1 and the queue limit "
-                               f"at least 0 (got {parallel}, {chunk}, {queue_limit})")
+        ctx_size = min(2048, model_max) if ctx_size is None else check_ctx_size(ctx_size, engine.config)
+        for name, value, least in (("parallel", parallel, 1), ("chunk", chunk, 1), ("queue_limit", queue_limit, 0)):
+            if value < least:
+                raise InfernoError(f"{name} must be at least {least}, got {value}", params=(name,))
         self.engine, self.parallel, self.ctx_size = engine, parallel, ctx_size
         self.queue_limit, self.chunk = queue_limit, chunk
         self.metrics = metrics or Metrics()
@@ -121,6 +120,8 @@ class BatchEngine:
         `loop`, the events go to that asyncio loop (`async for event in handle`)."""
         prompts = [prompt_ids] if len(prompt_ids) == 0 or np.isscalar(prompt_ids[0]) else list(prompt_ids)
         prompts = [self._check_prompt(p, options.max_tokens) for p in prompts]
+        if options.sampling is None:
+            options = replace(options, sampling=self.engine.sampling.params())
         if n < 1 or options.max_tokens < 1:
             raise InfernoError(f"n and max_tokens must be at least 1, got {n} and {options.max_tokens}")
         if options.top_logprobs and not 0 < options.top_logprobs <= 20:
@@ -131,7 +132,7 @@ class BatchEngine:
         count = len(prompts) * n
         if count > self.parallel:
             raise InfernoError(f"{count} sequences in one request is more than the {self.parallel} "
-                               f"slots (--parallel): ask for fewer")
+                               f"slots (--parallel): ask for fewer", params=("n",))
         handle = Handle(self, count, loop)
         handle.prompt_tokens = sum(map(len, prompts))
         now = time.perf_counter()

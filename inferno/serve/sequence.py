@@ -18,10 +18,10 @@ from inferno.model.sampling import SamplingParams, sample
 
 @dataclass(frozen=True)
 class Options:
-    """How one request generates; SamplingParams' defaults are the engine's (llama.cpp's)."""
+    """How one request generates."""
 
     max_tokens: int = 256
-    sampling: SamplingParams = SamplingParams()
+    sampling: SamplingParams | None = None  # None: the model's defaults (engine.sampling)
     stop: tuple[str, ...] = ()  # strings that end the text; the match is cut off
     presence_penalty: float = 0.0  # OpenAI's: logit -= presence * (count > 0) + frequency * count,
     frequency_penalty: float = 0.0  # over the tokens generated so far
