@@ -80,7 +80,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", "-np", type=_positive_int, default=4,
                    help="sequences decoded together, each in its own KV cache slot")
     p.add_argument("--ctx-size", "-c", type=_positive_int, default=None,
-                   help="positions per slot: prompt + max_tokens (default: 4096, or the model's context if less)")
+                   help="positions per slot: prompt + max_tokens (default: 2048, or the model's context if less)")
     p.add_argument("--queue-limit", type=int, default=64, help="sequences that may wait for a slot; past it, 429")
     p.add_argument("--prefill-chunk", type=_positive_int, default=256,
                    help="prompt tokens prefilled per step, so running streams keep decoding")

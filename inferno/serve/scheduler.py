@@ -132,7 +132,7 @@ class BatchEngine:
         count = len(prompts) * n
         if count > self.parallel:
             raise InfernoError(f"{count} sequences in one request is more than the {self.parallel} "
-                               f"slots (--parallel): ask for fewer", params=("n",))
+                               f"slots (--parallel): ask for fewer")
         handle = Handle(self, count, loop)
         handle.prompt_tokens = sum(map(len, prompts))
         now = time.perf_counter()
@@ -163,6 +163,19 @@ class BatchEngine:
             texts.append("".join(e.text for e in events))
         return texts
 
+    def _check_prompt(self, ids, max_tokens: int) -> list[int]:
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise InfernoError("the prompt is empty: give some text")
+        vocab = self.engine.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise InfernoError(f"token id out of range for a vocabulary of {vocab}")
+        if len(ids) + max_tokens > self.ctx_size:
+            raise InfernoError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
+                               f"{len(ids) + max_tokens} exceeds the context of {self.ctx_size} "
+                               f"tokens per slot: shorten the prompt or lower max_tokens", params=("max_tokens",))
+        return ids
+
     def stats(self) -> dict[str, int]:
         return dict(running=len(self.running), waiting=self._pending, slots_used=self.parallel - len(self.free),
                     slots=self.parallel)
@@ -182,19 +195,6 @@ class BatchEngine:
         self.close()
 
     # -- the loop (its own thread) --------------------------------------------------------------
-    def _check_prompt(self, ids, max_tokens: int) -> list[int]:
-        ids = [int(t) for t in ids]
-        if not ids:
-            raise InfernoError("the prompt is empty: give some text")
-        vocab = self.engine.config.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise InfernoError(f"token id out of range for a vocabulary of {vocab}")
-        if len(ids) + max_tokens > self.ctx_size:
-            raise InfernoError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
-                               f"{len(ids) + max_tokens} exceeds the context of {self.ctx_size} "
-                               f"tokens per slot: shorten the prompt or lower max_tokens")
-        return ids
-
     def _loop(self) -> None:
         alive = True
         while alive:
@@ -241,9 +241,10 @@ class BatchEngine:
             self._deliver(events)
             return
         self.steps += 1
+        rows = self._forward(batch, events)
         now = time.perf_counter()
         new_tokens = prompt_tokens = 0
-        for seq, seg, row in self._forward(batch, events):
+        for seq, seg, row in rows:
             seq.pos += seg.ids.size
             prompt_tokens += seg.ids.size if seg.start < len(seq.prompt) else 0
             if seq.prefilling:
