@@ -18,6 +18,7 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -68,14 +69,32 @@ class ServerConfig:
 
     def load(self, metrics: Metrics) -> BatchEngine:
         from inferno.engine import load
+        options = dict(self.backend_options)
+        if self.backend == "pool":
+            options = pool_defaults(options)
         engine = load(self.model, backend=self.backend, flash=self.flash, cache_type=self.cache_type,
-                      progress=False, **dict(self.backend_options))
+                      progress=False, **options)
         try:
             return BatchEngine(engine, parallel=self.parallel, ctx_size=self.ctx_size,
                                queue_limit=self.queue_limit, chunk=self.chunk, metrics=metrics)
         except BaseException:
             engine.close()
             raise
+
+
+def pool_defaults(options: dict) -> dict:
+    """The pool backend's settings for serving, unless given: a core left to the event loop
+    and the clients, and OpenMP workers that sleep between launches (OMP_WAIT_POLICY=passive,
+    read when the OpenMP runtime starts, so before the first parallel launch).
+
+    NOTE: measured with bench/serve_load.py --scenario itl (SmolLM2, 8 streams, 2 cores shared
+    with the clients and other work): ITL p50 with 2 spinning workers 493-1275 ms, 2 sleeping
+    275-408 ms, 1 thread 137-324 ms. A spinning worker that the event loop preempts stalls every
+    launch (pool.py's NOTE), and one launch waits for all of them."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if options.get("threads") is None:
+        options["threads"] = max(1, (os.cpu_count() or 1) - 1)
+    return options
 
 
 class State:
@@ -95,7 +114,7 @@ class State:
         try:
             batch = self.load_fn(self.metrics)
         except BaseException as e:  # noqa: BLE001  reported by /health and the server's exit
-            self.error = str(e) if isinstance(e, InfernoError) else f"{type(e).__name__}: {e}"
+            self.error = e.for_cli() if isinstance(e, InfernoError) else f"{type(e).__name__}: {e}"
             log.error("loading the model failed: %s", self.error)
         else:
             self.tokens = TokenText(batch.engine.tokenizer)
