@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -151,18 +152,21 @@ async def join(url: str, text: str, others: list[str], max_tokens: int, bias: di
 
 @contextmanager
 def server(cmd: list[str], env: dict | None = None, port: int = 0):
-    """A server process; yields (url, pid) once /health answers 200; SIGTERM at the end."""
+    """A server process; yields (url, pid) once /v1/models answers 200 (llama-cpp-python's
+    server has no /health); SIGTERM at the end. Its log goes to a file: a pipe nobody reads
+    fills up and blocks a chatty server (llama.cpp logs the whole model at load)."""
     import httpx
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=log, stderr=log, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"{cmd[2]} exited: {proc.stderr.read()[-2000:]}")
+                log.seek(0)
+                raise RuntimeError(f"{' '.join(cmd[1:4])} exited: {log.read()[-2000:]}")
             try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -176,6 +180,7 @@ def server(cmd: list[str], env: dict | None = None, port: int = 0):
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 def free_port() -> int:
@@ -265,7 +270,7 @@ def scenario_itl(args, bias):
                 asyncio.run(load(url, "bench", texts[:2], 8, bias, "warm-up"))
                 rows.append(asyncio.run(load(url, "bench", texts, args.max_tokens, bias,
                                              f"OMP_WAIT_POLICY={policy} --threads {threads}")))
-            print(rows[-1].line(), flush=True)
+            print(rows[-1].line())
 
 
 SCENARIOS = {"load": scenario_load, "join": scenario_join, "burst": scenario_burst, "itl": scenario_itl}
@@ -284,6 +289,7 @@ def main(argv=None) -> int:
     p.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="default: all")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip llama-cpp-python's server")
     args = p.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is measured, into a file too
     import platform
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.model.name}, "
           f"{args.backend}, --parallel {args.parallel}, {args.clients} clients x {args.max_tokens} tokens")

@@ -133,18 +133,25 @@ def test_logprobs_are_the_raw_log_softmax(engine):
     np.testing.assert_allclose([v for _, v in lp.top], np.sort(want)[::-1][:3], atol=1e-5)
 
 
-def test_a_cancelled_request_frees_its_slot(engine):
+def test_a_cancelled_request_frees_its_slot(engine, monkeypatch):
+    """Cancelled while its first step runs (held at a gate), and one still queued behind it:
+    both end "cancelled" at the next step and the slot takes the next request."""
+    import threading
+    gate, step = threading.Event(), engine.model.step
+    monkeypatch.setattr(engine.model, "step", lambda *a, **k: (gate.wait(10), step(*a, **k))[1])
     ids = engine.encode_prompt("hi")
+    no_eos = tuple((t, -100.0) for t in engine.tokenizer.eos_ids)
+    opts = Options(max_tokens=200, sampling=GREEDY, logit_bias=no_eos)
     with BatchEngine(engine, parallel=1, ctx_size=256) as batch:
-        handle = batch.submit(ids, Options(max_tokens=200, sampling=GREEDY))
-        queued = batch.submit(ids, Options(max_tokens=200, sampling=GREEDY))
-        next(iter(handle))
-        handle.cancel()
+        running, queued = batch.submit(ids, opts), batch.submit(ids, opts)
+        running.cancel()
         queued.cancel()
-        assert list(handle)[-1].finish_reason == "cancelled"
+        gate.set()
+        events = list(running)
+        assert events[-1].finish_reason == "cancelled" and sum(len(e.token_ids) for e in events) <= 1
         assert [e.finish_reason for e in queued] == ["cancelled"]
         assert batch.generate(["hi"], Options(max_tokens=3, sampling=GREEDY))  # the slot is free
-        assert batch.stats()["slots_used"] == 0
+        assert batch.stats() == dict(running=0, waiting=0, slots_used=0, slots=1)
 
 
 def test_a_failing_sequence_fails_alone(engine, monkeypatch):
