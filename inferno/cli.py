@@ -1,4 +1,4 @@
-"""`inferno generate | chat | bench | pull | list`: parse flags, call the engine, print.
+"""`inferno generate | chat | serve | bench | pull | list`: parse flags, call the engine, print.
 
 Generated text goes to stdout as it streams; stats, progress and errors go to stderr, so
 `inferno generate ... > answer.txt` captures just the answer. A user error (InfernoError) is
@@ -74,6 +74,31 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="context size in tokens, prompt and reply together (default: the model's)")
 
 
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="threads for the pool backend (default: the cores but one, left to the HTTP "
+                        "side; OpenMP workers sleep between launches unless OMP_WAIT_POLICY says)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 opens the server to the network")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--parallel", "-np", type=_positive_int, default=4,
+                   help="sequences decoded together, each in its own KV cache slot")
+    p.add_argument("--ctx-size", "-c", type=_positive_int, default=None,
+                   help="positions per slot: prompt + max_tokens (default: 2048, or the model's context if less)")
+    p.add_argument("--queue-limit", type=int, default=64, help="sequences that may wait for a slot; past it, 429")
+    p.add_argument("--prefill-chunk", type=_positive_int, default=256,
+                   help="prompt tokens prefilled per step, so running streams keep decoding")
+    p.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` (default: $INFERNO_API_KEY, or none)")
+    p.add_argument("--alias", default=None, help="the model name clients send (default: the --model name)")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds running requests get to finish before they are cancelled")
+    p.add_argument("--ray", action="store_true", help="run as Ray Serve replicas (pip install -e '.[ray]' in inferno's folder)")
+    p.add_argument("--replicas", type=_positive_int, default=1, help="with --ray: replicas, each with its own engine")
+    p.add_argument("--ray-address", default=None,
+                   help="with --ray: the cluster to join ('auto', or HOST:6379 from `ray start --head`; "
+                        "default: a local cluster)")
+
+
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each flag's default, unless the help already says it or there is none to show."""
 
@@ -112,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(c)
     c.add_argument("--verbose", "-v", action="store_true", help="print stats after each reply")
     c.set_defaults(func=cmd_chat)
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching",
+                       formatter_class=fmt, conflict_handler="resolve")
+    add_model_args(s)
+    add_serve_args(s)
+    s.set_defaults(func=cmd_serve)
 
     pl = sub.add_parser("pull", help="fetch a model (an alias or a hub id) ahead of time", formatter_class=fmt)
     pl.add_argument("name", help="an alias (see `inferno list`) or a hub id such as Qwen/Qwen3-0.6B")
@@ -239,6 +270,30 @@ def cmd_chat(args) -> int:
                         format_stats=format_stats, **sampling_options(args))
     finally:
         engine.close()
+
+
+def cmd_serve(args) -> int:
+    import os
+
+    from inferno.engine import check_ctx_size
+    from inferno.model.resolve import resolve
+    try:
+        from inferno.serve.app import ServerConfig
+    except ImportError as e:
+        raise InfernoError(f"inferno serve needs FastAPI and uvicorn: pip install -e '.[serve]' in "
+                           f"inferno's folder ({e})") from None
+    check_ctx_size(args.ctx_size)
+    resolve(args.model)  # a bad name fails here, in one line, before a port is bound
+    config = ServerConfig(model=args.model, backend=args.backend, backend_options=tuple(backend_options(args).items()),
+                          flash=args.flash == "on", cache_type=args.cache_type, parallel=args.parallel,
+                          ctx_size=args.ctx_size,
+                          queue_limit=args.queue_limit, chunk=args.prefill_chunk,
+                          api_key=args.api_key or os.environ.get("INFERNO_API_KEY") or None, model_id=args.alias)
+    if args.ray:
+        from inferno.serve.ray_app import run
+        return run(config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address)
+    from inferno.serve.server import run
+    return run(config, host=args.host, port=args.port, drain_timeout=args.drain_timeout)
 
 
 def cmd_pull(args) -> int:

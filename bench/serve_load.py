@@ -1,0 +1,303 @@
+"""`inferno serve` under load, beside llama-cpp-python's server on the same GGUF.
+
+    python bench/serve_load.py                        # every scenario: SmolLM2 on pool
+    python bench/serve_load.py --scenario load --clients 8 --max-tokens 128
+    python bench/serve_load.py --scenario itl         # the wait-policy x threads table only
+
+Each server runs in its own process, started here and stopped with SIGTERM; the clients are the
+`openai` package's AsyncOpenAI, streaming, all in this process (on a small machine they share the
+cores with the server: say so beside the numbers). EOS is banned with logit_bias so every stream
+generates exactly --max-tokens tokens. Scenarios:
+  load   --clients streams at once with prompts of mixed lengths, against inferno and against
+         llama-cpp-python's server (`python -m llama_cpp.server`, its `server` extra: it runs one
+         request at a time; --interrupt_requests False so a new request queues instead of
+         cutting the running one short); one stream alone on inferno, and the ratio.
+  join   a request joining 7 running streams: its TTFT, against its TTFT on an idle server.
+  burst  100 clients at once against --parallel 8: each completes or gets 429; nothing hangs;
+         the server's RSS before, after one burst and after a second.
+  itl    the load scenario on pool with OMP_WAIT_POLICY passive / active and --threads 1 / 2:
+         inter-token latency with the event loop busy streaming to the clients.
+Per run: aggregate generated tok/s (all tokens / wall time), TTFT p50/p99, inter-token latency
+p50/p99 (gaps between a stream's chunks), errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_GGUF = Path("~/.cache/inferno/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf").expanduser()
+TEXT = ("The history of bread begins in the Neolithic, when people first ground grain between stones "
+        "and baked the paste on hot rocks. Over the centuries bakers learned to leaven dough with wild "
+        "yeasts, to build ovens of clay and brick, and to mill flour ever finer. ")
+
+
+@dataclass
+class Stream:
+    ttft: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str | None = None
+    status: int = 200
+
+
+@dataclass
+class Run:
+    label: str
+    streams: list[Stream]
+    wall: float
+
+    def line(self) -> str:
+        ok = [s for s in self.streams if s.error is None]
+        tokens = sum(s.tokens for s in ok)
+        ttft = [s.ttft for s in ok if s.ttft is not None]
+        gaps = [g for s in ok for g in s.gaps]
+        pct = lambda xs, q: np.percentile(xs, q) * 1e3 if xs else float("nan")  # noqa: E731
+        return (f"{self.label:<34} {tokens / self.wall:8.1f} tok/s  TTFT p50 {pct(ttft, 50):7.0f} ms "
+                f"p99 {pct(ttft, 99):7.0f} ms  ITL p50 {pct(gaps, 50):6.1f} ms p99 {pct(gaps, 99):7.1f} ms  "
+                f"errors {len(self.streams) - len(ok)}")
+
+    @property
+    def tok_s(self) -> float:
+        return sum(s.tokens for s in self.streams if s.error is None) / self.wall
+
+
+def prompts(n: int) -> list[str]:
+    """Mixed lengths, about 40 to 400 tokens, cycling."""
+    words = (TEXT * 12).split()
+    return [" ".join(words[:[30, 90, 180, 300][i % 4]]) + "\nSummarise this." for i in range(n)]
+
+
+def stop_ids(gguf: Path) -> list[int]:
+    from gguf import GGUFReader
+    fields = GGUFReader(gguf).fields
+    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+    return sorted({int(fields[k].contents()) for k in keys if k in fields})
+
+
+async def one(client, model: str, prompt: str, max_tokens: int, bias: dict, timeout: float,
+              s: Stream | None = None) -> Stream:
+    """One streamed chat request, its timings written into `s` as they come."""
+    import openai
+    s = s or Stream()
+    t0 = last = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout):
+            stream = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+                temperature=0, logit_bias=bias, stream=True)
+            async for chunk in stream:
+                if not chunk.choices or not chunk.choices[0].delta.content:
+                    continue
+                now = time.perf_counter()
+                if s.ttft is None:
+                    s.ttft = now - t0
+                else:
+                    s.gaps.append(now - last)
+                last = now
+                s.tokens += 1
+    except openai.APIStatusError as e:
+        s.error, s.status = f"HTTP {e.status_code}", e.status_code
+    except TimeoutError:
+        s.error, s.status = "timeout (hung)", 0
+    except Exception as e:  # noqa: BLE001  counted, not raised: the run goes on
+        s.error, s.status = f"{type(e).__name__}: {e}", -1
+    return s
+
+
+def client(url: str, timeout: float = 600):
+    import openai
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="bench", max_retries=0, timeout=timeout)
+
+
+async def load(url: str, model: str, texts: list[str], max_tokens: int, bias: dict, label: str,
+               timeout: float = 600) -> Run:
+    """All `texts` at once, each a stream of `max_tokens`."""
+    c = client(url, timeout)
+    t0 = time.perf_counter()
+    streams = await asyncio.gather(*(one(c, model, t, max_tokens, bias, timeout) for t in texts))
+    run = Run(label, list(streams), time.perf_counter() - t0)
+    await c.close()
+    return run
+
+
+async def join(url: str, text: str, others: list[str], max_tokens: int, bias: dict) -> float:
+    """The TTFT of `text` sent once every one of `others` is streaming."""
+    c = client(url)
+    running = [Stream() for _ in others]
+    tasks = [asyncio.create_task(one(c, "bench", t, max_tokens, bias, 600, s)) for t, s in zip(others, running)]
+    while any(s.ttft is None and s.error is None for s in running):
+        await asyncio.sleep(0.01)
+    newcomer = await one(c, "bench", text, 8, bias, 600)
+    if any(not t.done() for t in tasks):
+        ttft = newcomer.ttft
+    else:
+        ttft = float("nan")  # the others ended first: not a join; --max-tokens is too small
+    await asyncio.gather(*tasks)
+    await c.close()
+    return ttft
+
+
+@contextmanager
+def server(cmd: list[str], env: dict | None = None, port: int = 0):
+    """A server process; yields (url, pid) once /v1/models answers 200 (llama-cpp-python's
+    server has no /health); SIGTERM at the end. Its log goes to a file: a pipe nobody reads
+    fills up and blocks a chatty server (llama.cpp logs the whole model at load)."""
+    import httpx
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=log, stderr=log, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"{' '.join(cmd[1:4])} exited: {log.read()[-2000:]}")
+            try:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{cmd} did not start")
+            time.sleep(0.5)
+        yield url, proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def inferno_cmd(args, port: int, threads: int | None = None, **extra) -> list[str]:
+    cmd = [sys.executable, "-m", "inferno", "serve", "-m", str(args.model), "-b", args.backend,
+           "--port", str(port), "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size),
+           "--alias", "bench"]
+    if threads or args.threads:
+        cmd += ["--threads", str(threads or args.threads)]
+    for k, v in extra.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    return cmd
+
+
+def llama_cmd(args, port: int) -> list[str]:
+    threads = str(args.threads or os.cpu_count())
+    return [sys.executable, "-m", "llama_cpp.server", "--model", str(args.model), "--port", str(port),
+            "--host", "127.0.0.1", "--n_ctx", str(args.ctx_size), "--n_threads", threads,
+            "--n_threads_batch", threads, "--interrupt_requests", "False", "--model_alias", "bench"]
+
+
+def rss(pid: int) -> float:
+    import psutil
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def scenario_load(args, bias):
+    texts = prompts(args.clients)
+    port = free_port()
+    with server(inferno_cmd(args, port), port=port) as (url, _):
+        asyncio.run(load(url, "bench", texts[:2], 8, bias, "warm-up"))
+        solo = asyncio.run(load(url, "bench", texts[:1], args.max_tokens, bias, "inferno, 1 stream alone"))
+        many = asyncio.run(load(url, "bench", texts, args.max_tokens, bias, f"inferno, {args.clients} streams"))
+    print(solo.line())
+    print(many.line())
+    print(f"{'':<34} {many.tok_s / solo.tok_s:8.2f}x one stream alone")
+    if args.peer:
+        port = free_port()
+        with server(llama_cmd(args, port), port=port) as (url, _):
+            asyncio.run(load(url, "bench", texts[:2], 8, bias, "warm-up"))
+            peer = asyncio.run(load(url, "bench", texts, args.max_tokens, bias,
+                                    f"llama-cpp-python, {args.clients} streams"))
+        print(peer.line())
+        print(f"{'':<34} {many.tok_s / peer.tok_s:8.2f}x llama-cpp-python's server")
+
+
+def scenario_join(args, bias):
+    text = prompts(3)[2]  # ~180 words
+    port = free_port()
+    with server(inferno_cmd(args, port), port=port) as (url, _):
+        asyncio.run(load(url, "bench", [text], 8, bias, "warm-up"))
+        idle = [asyncio.run(load(url, "bench", [text], 8, bias, "idle")).streams[0].ttft for _ in range(3)]
+        joined = [asyncio.run(join(url, text, prompts(7), args.max_tokens, bias)) for _ in range(3)]
+    print(f"TTFT of a ~{len(text.split())}-word prompt: idle {np.median(idle) * 1e3:.0f} ms, joining 7 running "
+          f"streams {np.median(joined) * 1e3:.0f} ms ({np.median(joined) / np.median(idle):.2f}x; medians of 3)")
+
+
+def scenario_burst(args, bias):
+    port = free_port()
+    with server(inferno_cmd(args, port), port=port) as (url, pid):
+        asyncio.run(load(url, "bench", prompts(2), 8, bias, "warm-up"))
+        before = rss(pid)
+        after = []
+        for i in range(2):
+            run = asyncio.run(load(url, "bench", prompts(100), 32, bias, f"burst {i + 1}", timeout=600))
+            statuses = [s.status if s.error else 200 for s in run.streams]
+            done, refused = statuses.count(200), statuses.count(429)
+            after.append(rss(pid))
+            print(f"burst {i + 1}: 100 clients, --parallel {args.parallel}: {done} completed, {refused} got 429, "
+                  f"{100 - done - refused} other ({sorted({s.error for s in run.streams if s.error and s.status != 429})}); "
+                  f"{run.wall:.1f} s")
+    print(f"server RSS: {before:.0f} MiB before, {after[0]:.0f} after one burst, {after[1]:.0f} after two")
+
+
+def scenario_itl(args, bias):
+    texts = prompts(args.clients)
+    rows = []
+    for policy in ("passive", "active"):
+        for threads in (1, 2):
+            port = free_port()
+            with server(inferno_cmd(args, port, threads=threads), env={"OMP_WAIT_POLICY": policy}, port=port) as (url, _):
+                asyncio.run(load(url, "bench", texts[:2], 8, bias, "warm-up"))
+                rows.append(asyncio.run(load(url, "bench", texts, args.max_tokens, bias,
+                                             f"OMP_WAIT_POLICY={policy} --threads {threads}")))
+            print(rows[-1].line())
+
+
+SCENARIOS = {"load": scenario_load, "join": scenario_join, "burst": scenario_burst, "itl": scenario_itl}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", "-m", type=Path, default=DEFAULT_GGUF, help="a .gguf (the peer needs one)")
+    p.add_argument("--backend", "-b", default="pool")
+    p.add_argument("--threads", type=int, default=None, help="server threads (default: inferno's own)")
+    p.add_argument("--parallel", type=int, default=8)
+    p.add_argument("--ctx-size", type=int, default=1024)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="default: all")
+    p.add_argument("--no-peer", dest="peer", action="store_false", help="skip llama-cpp-python's server")
+    args = p.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is measured, into a file too
+    import platform
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.model.name}, "
+          f"{args.backend}, --parallel {args.parallel}, {args.clients} clients x {args.max_tokens} tokens")
+    bias = {str(t): -100 for t in stop_ids(args.model)}
+    for name in args.scenario or list(SCENARIOS):
+        SCENARIOS[name](args, bias)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

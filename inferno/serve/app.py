@@ -1,0 +1,394 @@
+"""The HTTP API: OpenAI's chat and text completions, models, health and metrics, on FastAPI.
+
+    app = build_app(ServerConfig(model="smollm2-135m", backend="pool", parallel=8))
+
+The app owns its engine through its lifespan: startup loads the model on a thread (so /health
+answers 503 while it loads, as llama.cpp's server does) and starts the BatchEngine; shutdown
+stops it and closes the engine. uvicorn runs it (server.py), and so does each Ray Serve
+replica (ray_app.py): the same app, nothing written twice.
+
+A streamed response ends when the client goes away: Starlette cancels its generator, whose
+`finally` cancels the request, and the scheduler frees the slot at its next step. A request
+waiting for a whole (non-streamed) answer watches for the disconnect itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+
+from inferno.errors import InfernoError
+from inferno.serve.metrics import Metrics
+from inferno.serve.protocol import APIError, ChatRequest, CompletionRequest, Response, TokenText, usage
+from inferno.serve.scheduler import BatchEngine, Closed, Handle, QueueFull
+
+log = logging.getLogger("inferno.serve")
+
+BODY_LIMIT = 1 << 20  # bytes; a larger body is a 413
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What `inferno serve` loads and how it batches; `model_id` is the name clients send
+    (default: the model's alias, or its file or folder name)."""
+
+    model: str | None = None
+    backend: str = "cpu"
+    backend_options: tuple[tuple[str, object], ...] = ()
+    parallel: int = 4
+    ctx_size: int | None = None
+    queue_limit: int = 64
+    chunk: int = 256
+    flash: bool = True
+    cache_type: str | None = None
+    api_key: str | None = None
+    model_id: str | None = None
+
+    @property
+    def served_name(self) -> str:
+        from inferno.model.resolve import DEFAULT_MODEL
+        if self.model_id:
+            return self.model_id
+        model = self.model or DEFAULT_MODEL
+        path = Path(model).expanduser()
+        return (path.stem if path.suffix == ".gguf" else path.name) if path.exists() else model
+
+    def load(self, metrics: Metrics) -> BatchEngine:
+        from inferno.engine import load
+        options = dict(self.backend_options)
+        if self.backend == "pool":
+            options = pool_defaults(options)
+        engine = load(self.model, backend=self.backend, flash=self.flash, cache_type=self.cache_type,
+                      progress=False, **options)
+        try:
+            return BatchEngine(engine, parallel=self.parallel, ctx_size=self.ctx_size,
+                               queue_limit=self.queue_limit, chunk=self.chunk, metrics=metrics)
+        except BaseException:
+            engine.close()
+            raise
+
+
+def pool_defaults(options: dict) -> dict:
+    """The pool backend's settings for serving, unless given: a core left to the event loop
+    and the clients, and OpenMP workers that sleep between launches (OMP_WAIT_POLICY=passive,
+    read when the OpenMP runtime starts, so before the first parallel launch).
+
+    NOTE: measured with bench/serve_load.py --scenario itl (SmolLM2, 8 streams, 2 cores shared
+    with the clients and other work): ITL p50 with 2 spinning workers 493-1275 ms, 2 sleeping
+    275-408 ms, 1 thread 137-324 ms. A spinning worker that the event loop preempts stalls every
+    launch (pool.py's NOTE), and one launch waits for all of them."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if options.get("threads") is None:
+        options["threads"] = max(1, (os.cpu_count() or 1) - 1)
+    return options
+
+
+class State:
+    """The app's engine, once loaded, and what the routes need besides."""
+
+    def __init__(self, config: ServerConfig, load: Callable[[Metrics], BatchEngine]):
+        self.config, self.load_fn = config, load
+        self.names = {config.served_name, config.model or config.served_name}
+        self.metrics = Metrics()
+        self.batch: BatchEngine | None = None
+        self.tokens: TokenText | None = None
+        self.error: str | None = None
+        self.loaded = threading.Event()  # set when the load ends, well or not
+
+    def load(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            batch = self.load_fn(self.metrics)
+        except BaseException as e:  # noqa: BLE001  reported by /health and the server's exit
+            self.error = e.for_cli() if isinstance(e, InfernoError) else f"{type(e).__name__}: {e}"
+            log.error("loading the model failed: %s", self.error)
+        else:
+            self.tokens = TokenText(batch.engine.tokenizer)
+            self.batch = batch
+            e = batch.engine
+            log.info("load: %.2f s (%s, %s backend); %d slots x %d positions, KV cache %.0f MiB",
+                     time.perf_counter() - t0, e.source, e.backend, batch.parallel, batch.ctx_size,
+                     batch.cache.nbytes() / 2**20)
+        self.loaded.set()
+
+    def ready(self) -> BatchEngine:
+        if self.batch is None:
+            raise APIError(503, self.error or "the model is loading: retry shortly", kind="server_error",
+                           headers={"Retry-After": "1"})
+        return self.batch
+
+    async def accept(self, request: Request, model: type[BaseModel]):
+        """(the engine, the request's body as `model`), or the APIError that answers it."""
+        batch = self.ready()
+        req = await parse(request, model)
+        if req.model not in self.names:
+            raise APIError(404, f"the model {req.model!r} does not exist: this server has "
+                           f"{self.config.served_name!r}", param="model", code="model_not_found")
+        req.check_supported()
+        return batch, req
+
+
+def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | None = None, *,
+              background_load: bool = True) -> FastAPI:
+    """The app for `config`; `load(metrics)` returns the BatchEngine (default: config.load).
+    `background_load`: serve (/health 503) while the model loads, rather than load first."""
+    state = State(config, load or config.load)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if background_load:
+            threading.Thread(target=state.load, name="inferno-load", daemon=True).start()
+        else:
+            await asyncio.to_thread(state.load)
+        yield
+        if state.batch is not None:
+            await asyncio.to_thread(state.batch.close)
+            state.batch.engine.close()
+
+    app = FastAPI(title="inferno", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.inferno = state
+    app.add_middleware(LimitBody, limit=BODY_LIMIT)
+    app.add_middleware(CountRequests, metrics=state.metrics)  # outermost: it counts the 413s too
+    for exc, handler in HANDLERS.items():
+        app.add_exception_handler(exc, handler)
+
+    @app.get("/health")
+    async def health():
+        state.ready()
+        return {"status": "ok"}
+
+    api = APIRouter(dependencies=[Depends(authorize(config.api_key))])
+
+    @api.get("/metrics")
+    async def metrics():
+        gauges = {}
+        if state.batch is not None:
+            s = state.batch.stats()
+            gauges = {"inferno_sequences_running": ("sequences in a slot", s["running"]),
+                      "inferno_sequences_waiting": ("sequences queued for a slot", s["waiting"]),
+                      "inferno_kv_slots_used": ("KV cache slots in use", s["slots_used"]),
+                      "inferno_kv_slots": ("KV cache slots (--parallel)", s["slots"])}
+        return PlainTextResponse(state.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+
+    @api.get("/v1/models")
+    async def models():
+        state.ready()
+        return {"object": "list", "data": [{"id": config.served_name, "object": "model",
+                                            "created": int(time.time()), "owned_by": "inferno"}]}
+
+    @api.post("/v1/chat/completions")
+    async def chat(request: Request):
+        batch, req = await state.accept(request, ChatRequest)
+        try:
+            ids = batch.engine.encode_prompt([m.as_dict() for m in req.messages])
+        except InfernoError as e:
+            raise APIError(400, str(e), param="messages") from None
+        max_tokens = req.max_completion_tokens or req.max_tokens or max(1, batch.ctx_size - len(ids))
+        options = req.options(batch.engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0)
+        return await respond(request, req, Response("chat", req.model, state.tokens),
+                             submit(batch, ids, options, req.n, "max_completion_tokens"))
+
+    @api.post("/v1/completions")
+    async def completions(request: Request):
+        batch, req = await state.accept(request, CompletionRequest)
+        tok = batch.engine.tokenizer
+        prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [req.prompt]
+        ids = [tok.encode(p, add_special_tokens=True) if isinstance(p, str) else p for p in prompts]
+        max_tokens = req.max_tokens or max(1, batch.ctx_size - max(map(len, ids)))
+        options = req.options(batch.engine.sampling, max_tokens, req.logprobs is not None, req.logprobs or 0)
+        return await respond(request, req, Response("text", req.model, state.tokens),
+                             submit(batch, ids, options, req.n, "max_tokens"))
+
+    app.include_router(api)
+    return app
+
+
+def authorize(api_key: str | None):
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def check(request: Request):
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):  # constant time: no timing oracle on the key
+            raise APIError(401, "invalid or missing API key: send Authorization: Bearer <key>",
+                           code="invalid_api_key")
+    return check
+
+
+def submit(batch: BatchEngine, ids, options, n: int, max_field: str) -> Handle:
+    loop = asyncio.get_running_loop()
+    try:
+        return batch.submit(ids, options, n=n, loop=loop)
+    except QueueFull as e:
+        raise APIError(429, str(e), kind="rate_limit_exceeded", code="rate_limit_exceeded",
+                       headers={"Retry-After": "1"}) from None
+    except Closed as e:
+        raise APIError(503, str(e), kind="server_error") from None
+    except InfernoError as e:
+        text = str(e)
+        param = max_field if "max_tokens" in text else "n" if "--parallel" in text else None
+        raise APIError(400, text, param=param) from None
+
+
+async def respond(request: Request, req, resp: Response, handle: Handle):
+    if req.stream:
+        return StreamingResponse(stream(resp, handle, req.include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    watcher = asyncio.create_task(cancel_on_disconnect(request, handle))
+    try:
+        events = [ev async for ev in handle]
+    finally:
+        watcher.cancel()
+        handle.cancel()  # a no-op once every sequence has finished
+    errors = [ev.error for ev in events if ev.error]
+    if errors:
+        raise APIError(500, f"generation failed: {errors[0]}", kind="server_error")
+    return JSONResponse(resp.whole(events, handle.prompt_tokens))
+
+
+async def cancel_on_disconnect(request: Request, handle: Handle) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    handle.cancel()
+
+
+async def stream(resp: Response, handle: Handle, include_usage: bool):
+    """Server-sent events: a role chunk per chat choice, one chunk per event, usage, [DONE]."""
+    extra = {"usage": None} if include_usage else {}
+
+    def sse(body: dict) -> str:
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    try:
+        if resp.kind == "chat":
+            opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None} for i in range(handle.n)]
+            yield sse({**resp.envelope(opening, stream=True), **extra})
+        completion_tokens = 0
+        async for ev in handle:
+            if ev.error:
+                yield sse(APIError(500, f"generation failed: {ev.error}", kind="server_error").body())
+                return
+            completion_tokens += ev.completion_tokens
+            yield sse({**resp.envelope([resp.chunk_choice(ev)], stream=True), **extra})
+        if include_usage:
+            yield sse({**resp.envelope([], stream=True), "usage": usage(handle.prompt_tokens, completion_tokens)})
+        yield "data: [DONE]\n\n"
+    finally:
+        handle.cancel()  # the client went away (the generator is cancelled), or a choice failed
+
+
+def _union_tag(part) -> bool:
+    """pydantic names a union's branch in an error's location: `str`, `list[TextPart]`."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
+
+
+# -- errors in OpenAI's shape -----------------------------------------------------------------
+def _api_error(request: Request, e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def parse(request: Request, model: type[BaseModel]):
+    """The body as `model`, whatever its Content-Type says (curl -d sends a form's); pydantic's
+    first complaint is a 400 naming the field, not FastAPI's 422."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as e:
+        # A union reports each branch: the deepest complaint is the one about what was sent.
+        err = max(e.errors(), key=lambda x: len(x["loc"]))
+        where = ".".join(str(p) for p in err["loc"] if not _union_tag(p))
+        if err["type"] == "json_invalid":
+            message = f"the body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}"
+        else:
+            message = f"{where}: {err['msg']}" if where else f"the body must be a JSON object: {err['msg']}"
+        raise APIError(400, message, param=where or None) from None
+
+
+def _http_error(request: Request, e: HTTPException) -> JSONResponse:
+    kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+    return JSONResponse({"error": {"message": str(e.detail), "type": kind, "param": None, "code": None}},
+                        status_code=e.status_code, headers=getattr(e, "headers", None))
+
+
+def _server_error(request: Request, e: Exception) -> JSONResponse:
+    log.error("request failed: %s: %s", type(e).__name__, e, exc_info=e)
+    return _api_error(request, APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
+
+
+HANDLERS = {APIError: _api_error, HTTPException: _http_error, Exception: _server_error}
+
+
+# -- ASGI middleware --------------------------------------------------------------------------
+async def _send_json(send, status: int, body: dict) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+class LimitBody:
+    """A body over `limit` bytes is a 413, whether it declares its length or is chunked: the
+    body is read here (up to the limit) and handed on whole."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        too_big = APIError(413, f"the request body is over the limit of {self.limit} bytes").body()
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await _send_json(send, 413, too_big)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before its body was in
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await _send_json(send, 413, too_big)
+            if not message.get("more_body"):
+                break
+        first = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        async def replay():
+            nonlocal first
+            if first is not None:
+                message, first = first, None
+                return message
+            return await receive()
+        await self.app(scope, replay, send)
+
+
+class CountRequests:
+    """inferno_requests_total by status, for the API's routes."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.count_request(message["status"])
+            await send(message)
+        await self.app(scope, receive, counting_send)

@@ -1,0 +1,182 @@
+"""One sequence of a request in the batch: its prompt, its sampler, and the text it has streamed.
+
+A Sequence lives on the scheduler's thread. Each step feeds it (a prompt chunk, or its last
+token), and once its prompt is in the cache each step's logits row goes to `accept`, which
+samples the next token with the request's own settings and generator and returns an Event when
+there is something to say: whole characters of new text (never half a UTF-8 character, never
+the start of what may become a stop string), the finish, or both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inferno.model.sampling import SamplingParams, sample
+
+
+@dataclass(frozen=True)
+class Options:
+    """How one request generates."""
+
+    max_tokens: int = 256
+    sampling: SamplingParams | None = None  # None: the model's defaults (engine.sampling)
+    stop: tuple[str, ...] = ()  # strings that end the text; the match is cut off
+    presence_penalty: float = 0.0  # OpenAI's: logit -= presence * (count > 0) + frequency * count,
+    frequency_penalty: float = 0.0  # over the tokens generated so far
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    logprobs: bool = False  # each token's log-probability under the raw logits
+    top_logprobs: int = 0  # and the k likeliest alternatives
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), likeliest first
+
+
+@dataclass
+class Event:
+    """What one sequence has to report after a step. `text` is new text, `token_ids` the tokens
+    generated since the last event (held-back text keeps them here until it is sent)."""
+
+    index: int  # the choice: prompt number * n + sample number
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None  # "stop", "length", "cancelled" or "error"
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # on the final event: all generated tokens, the EOS excepted
+
+
+class Sequence:
+    def __init__(self, handle, index: int, prompt: list[int], options: Options, tokenizer,
+                 eos: frozenset[int], arrival: float):
+        self.handle, self.index, self.prompt, self.options = handle, index, prompt, options
+        seed = options.sampling.seed
+        self.rng = np.random.default_rng(None if seed is None else seed + index)
+        self.tokenizer, self.eos = tokenizer, eos
+        self.slot: int | None = None
+        self.pos = 0  # tokens the slot holds: the prompt's first `pos`, then the generated ones
+        self.sampled: list[int] = []  # every sampled token, the EOS included
+        self.generated: list[int] = []  # the ones that are text
+        self._decoder = tokenizer.stream()
+        self._decoded = ""  # the stream decoder's text so far
+        self.text = ""  # the reply: decoded text, cut at a stop string
+        self._sent = 0  # characters of `text` already in an event
+        self._ids: list[int] = []  # tokens not yet in an event
+        self._lps: list[TokenLogprob] = []
+        self._counts: dict[int, int] = {}  # generated token -> count, for the penalties
+        self.finish_reason: str | None = None
+        self.arrival = arrival
+        self.last_token_time: float | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.pos < len(self.prompt)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def next_ids(self, budget: int) -> np.ndarray:
+        """The tokens to feed this step: up to `budget` of the prompt, or the last sampled one."""
+        if self.prefilling:
+            return np.asarray(self.prompt[self.pos:self.pos + budget], dtype=np.int64)
+        return np.asarray(self.sampled[-1:], dtype=np.int64)
+
+    def accept(self, logits: np.ndarray) -> Event | None:
+        """Sample the next token from this step's logits row [vocab]."""
+        opts = self.options
+        row = self._adjusted(logits)
+        history = self.prompt + self.sampled if opts.sampling.repeat_penalty != 1.0 else None
+        token = sample(row, opts.sampling, self.rng, history)
+        self.sampled.append(token)
+        self._ids.append(token)
+        if opts.logprobs:
+            self._lps.append(token_logprob(logits, token, opts.top_logprobs))
+        if token in self.eos:
+            return self._text("", final="stop")
+        self.generated.append(token)
+        self._counts[token] = self._counts.get(token, 0) + 1
+        piece = self._decoder.step(token)
+        self._decoded += piece
+        if len(self.sampled) >= opts.max_tokens:
+            return self._text(piece, final="length")
+        return self._text(piece)
+
+    def finish(self, reason: str, error: str | None = None) -> Event:
+        """The final event of a sequence stopped from outside: cancelled or failed."""
+        self.finish_reason = reason
+        return self._event("", reason, error)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _adjusted(self, logits: np.ndarray) -> np.ndarray:
+        opts = self.options
+        if not (opts.logit_bias or (self._counts and (opts.presence_penalty or opts.frequency_penalty))):
+            return logits
+        row = np.array(logits, dtype=np.float32)
+        for token, bias in opts.logit_bias:
+            row[token] += bias
+        if self._counts:
+            ids = np.fromiter(self._counts, dtype=np.int64)
+            counts = np.fromiter(self._counts.values(), dtype=np.float32)
+            row[ids] -= opts.frequency_penalty * counts + opts.presence_penalty
+        return row
+
+    def _text(self, piece: str, final: str | None = None) -> Event | None:
+        if final:
+            # What a whole decode has beyond the stream's text, as Engine.stream does; a
+            # character the end cut in half is dropped.
+            piece += self.tokenizer.decode(self.generated)[len(self._decoded):].rstrip("\ufffd")
+        self.text += piece
+        hold = 0
+        if self.options.stop and piece:
+            # A stop string can only start in unsent text: what might begin one is held back.
+            hits = [i for i in (self.text.find(s, self._sent) for s in self.options.stop) if i >= 0]
+            if hits:
+                self.text, final = self.text[:min(hits)], "stop"
+            elif not final:
+                hold = held_back(self.text, self.options.stop)
+        if final:
+            self.finish_reason = final
+            return self._event(self.text[self._sent:], final)
+        end = len(self.text) - hold
+        if end <= self._sent:
+            return None
+        return self._event(self.text[self._sent:end], None)
+
+    def _event(self, text: str, finish: str | None, error: str | None = None) -> Event:
+        self._sent += len(text)
+        ev = Event(self.index, text, self._ids, self._lps if self.options.logprobs else None, finish, error)
+        self._ids, self._lps = [], []
+        if finish:
+            ev.prompt_tokens, ev.completion_tokens = len(self.prompt), len(self.generated)
+        return ev
+
+
+def held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of `text` that is the start of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """log softmax of the raw logits (before penalties and temperature, as vLLM reports them)."""
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    alts = []
+    if top:
+        ids = np.argpartition(-x, top - 1)[:top]
+        ids = ids[np.argsort(-x[ids], kind="stable")]
+        alts = [(int(i), float(x[i] - lse)) for i in ids]
+    return TokenLogprob(int(token), float(x[token] - lse), alts)

@@ -1,0 +1,370 @@
+"""`inferno serve` over HTTP, driven by the official `openai` client, on a tiny random model: a
+server on a free port in this process (its engine within reach of the tests), plus a real
+`inferno serve` subprocess for SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import uvicorn
+
+import inferno
+from inferno.serve.app import ServerConfig, build_app
+
+MODEL = "tiny"
+GREEDY = dict(temperature=0, max_tokens=12)
+
+
+@contextmanager
+def running(app):
+    """`app` on uvicorn in a thread, on a port the OS picked; yields the base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def wait_healthy(url, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not become healthy")
+
+
+@pytest.fixture(scope="module")
+def server(qwen3_dir):
+    app = build_app(ServerConfig(model=str(qwen3_dir), model_id=MODEL, parallel=4, ctx_size=256, queue_limit=4))
+    with running(app) as url:
+        wait_healthy(url)
+        yield url, app.state.inferno
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def engine(server):
+    return server[1].batch.engine
+
+
+@pytest.fixture
+def slow_steps(engine, monkeypatch):
+    """Each model step waits a few ms: streams last long enough to be caught mid-way."""
+    step = engine.model.step
+    monkeypatch.setattr(engine.model, "step", lambda *a, **k: (time.sleep(0.005), step(*a, **k))[1])
+
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a city."}]
+
+
+def test_chat_matches_the_engine_and_counts_usage(client, engine):
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+    want = engine.generate(MESSAGES, max_tokens=12, temperature=0, top_k=0, top_p=1, min_p=0)
+    (choice,) = r.choices
+    assert choice.message.role == "assistant" and choice.message.content == want.text
+    assert choice.finish_reason == {"eos": "stop", "length": "length"}[want.stop_reason]
+    assert r.usage.prompt_tokens == len(engine.encode_prompt(MESSAGES)) == want.prompt_tokens
+    assert r.usage.completion_tokens == want.generated_tokens
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.object == "chat.completion" and r.model == MODEL and r.id.startswith("chatcmpl-")
+
+
+def test_streamed_chat_adds_up_to_the_whole(client):
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, seed=3, max_tokens=16)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, seed=3, max_tokens=16,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_take_the_raw_prompt_with_bos(client, engine):
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=0)
+    want = engine.generate("Once upon a time", raw=True, max_tokens=10, temperature=0, top_k=0, top_p=1, min_p=0)
+    assert r.choices[0].text == want.text
+    assert r.usage.prompt_tokens == len(engine.tokenizer.encode("Once upon a time", add_special_tokens=True))
+    streamed = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=0,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == want.text
+
+
+def test_n_choices_and_seeds_that_reproduce(client):
+    ask = dict(model=MODEL, messages=MESSAGES, max_tokens=10, temperature=1.0, n=2)
+    a = client.chat.completions.create(seed=42, **ask)
+    b = client.chat.completions.create(seed=42, **ask)
+    c = client.chat.completions.create(seed=43, **ask)
+    texts = lambda r: [ch.message.content for ch in sorted(r.choices, key=lambda ch: ch.index)]  # noqa: E731
+    assert [ch.index for ch in a.choices] == [0, 1]
+    assert texts(a) == texts(b) != texts(c) and texts(a)[0] != texts(a)[1]
+    assert a.usage.completion_tokens == 20 or any(ch.finish_reason == "stop" for ch in a.choices)
+    streamed = client.chat.completions.create(seed=42, stream=True, **ask)
+    got = ["", ""]
+    for chunk in streamed:
+        for ch in chunk.choices:
+            got[ch.index] += ch.delta.content or ""
+    assert got == texts(a)
+
+
+def test_stop_strings(client):
+    free = client.completions.create(model=MODEL, prompt="Hello", max_tokens=24, temperature=0).choices[0]
+    stop = free.text[5:8]
+    assert len(stop) == 3
+    want = free.text[:free.text.index(stop)]
+    for stream in (False, True):
+        r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=24, temperature=0,
+                                      stop=[stop, "never seen"], stream=stream)
+        chunks = list(r) if stream else [r]
+        assert "".join(c.choices[0].text for c in chunks) == want
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_logprobs(client, engine):
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=3, **GREEDY)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens  # no EOS: the reply ran to max_tokens
+    logits = engine.logits(engine.encode_prompt(MESSAGES))[-1].astype(np.float64)
+    lse = logits.max() + np.log(np.exp(logits - logits.max()).sum())
+    first = content[0]
+    assert first.logprob == pytest.approx(logits.max() - lse, abs=1e-5)
+    assert [t.logprob for t in first.top_logprobs] == sorted((t.logprob for t in first.top_logprobs), reverse=True)
+    assert first.top_logprobs[0].token == first.token and len(first.top_logprobs) == 3
+    assert "".join(bytes(t.bytes).decode("utf-8", "replace") for t in content) .startswith(content[0].token)
+    text = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0, logprobs=2)
+    lp = text.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert lp.text_offset[0] == 0 and all(len(alts) <= 2 for alts in lp.top_logprobs)
+
+
+@pytest.mark.parametrize("body,status,param", [
+    (b"{not json", 400, None),
+    (b'["a list"]', 400, None),
+    ({"model": MODEL}, 400, "messages"),
+    ({"model": MODEL, "messages": []}, 400, "messages"),
+    ({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages.0.content.0.type"),
+    ({"model": MODEL, "messages": MESSAGES, "temperature": 3}, 400, "temperature"),
+    ({"model": MODEL, "messages": MESSAGES, "top_p": 0}, 400, "top_p"),
+    ({"model": MODEL, "messages": MESSAGES, "presence_penalty": -2.5}, 400, "presence_penalty"),
+    ({"model": MODEL, "messages": MESSAGES, "top_logprobs": 30, "logprobs": True}, 400, "top_logprobs"),
+    ({"model": MODEL, "messages": MESSAGES, "n": 5}, 400, "n"),
+    ({"model": MODEL, "messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools"),
+    ({"model": MODEL, "messages": MESSAGES, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"model": MODEL, "messages": MESSAGES, "max_tokens": 250}, 400, "max_completion_tokens"),
+    ({"model": "gpt-4o", "messages": MESSAGES}, 404, "model"),
+])
+def test_bad_requests_get_openai_errors(server, body, status, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(server[0] + "/v1/chat/completions", content=content)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"] and error["type"]
+    if param == "max_completion_tokens":  # the numbers, and the fix
+        assert "+ max_tokens (250)" in error["message"] and "256" in error["message"]
+
+
+def test_other_http_errors(server):
+    url = server[0]
+    huge = b'{"model": "tiny", "prompt": "' + b"a" * (1 << 20) + b'"}'
+    assert httpx.post(url + "/v1/completions", content=huge).status_code == 413
+    chunked = httpx.post(url + "/v1/completions", content=iter([huge[:1000], huge[1000:]]))
+    assert chunked.status_code == 413 and chunked.json()["error"]["message"]
+    r = httpx.post(url + "/v1/completions", content=b'{"model": "tiny", "prompt": "hi", "echo": true}')
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+    r = httpx.get(url + "/v1/nowhere")
+    assert r.status_code == 404 and r.json()["error"]["message"]
+    models = httpx.get(url + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+def test_client_disconnect_frees_the_slot(server, client, slow_steps):
+    url, state = server
+    batch = state.batch
+    with httpx.stream("POST", url + "/v1/chat/completions",
+                      json={"model": MODEL, "messages": MESSAGES, "max_tokens": 200, "stream": True}) as r:
+        lines = r.iter_lines()
+        while "content" not in next(lines):
+            pass
+        assert batch.stats()["slots_used"] == 1
+    tokens = batch.metrics.generated_tokens
+    with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
+        httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "max_tokens": 200},
+                   timeout=0.3)
+    deadline = time.monotonic() + 5
+    while batch.stats()["slots_used"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert batch.stats() == dict(running=0, waiting=0, slots_used=0, slots=4)
+    assert batch.metrics.generated_tokens - tokens < 150  # it stopped, far short of 200
+
+
+def test_past_the_queue_limit_is_429_with_retry_after(server, engine, monkeypatch):
+    url, state = server
+    gate = threading.Event()
+    step = engine.model.step
+    monkeypatch.setattr(engine.model, "step", lambda *a, **k: (gate.wait(10), step(*a, **k))[1])
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(httpx.post(url + "/v1/chat/completions", json=body,
+                                                                         timeout=30).status_code))
+               for _ in range(8)]  # 4 slots + a queue of 4
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while state.batch.stats()["slots_used"] + state.batch.stats()["waiting"] < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    refused = httpx.post(url + "/v1/chat/completions", json=body)
+    gate.set()
+    for t in threads:
+        t.join(30)
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert results == [200] * 8
+
+
+def test_an_exception_fails_that_request_only(server, client, engine, monkeypatch):
+    step = engine.model.step
+    poison = 7
+
+    def faulty(segments, cache, **kw):
+        if any(poison in s.ids for s in segments):
+            raise RuntimeError("injected fault")
+        return step(segments, cache, **kw)
+    monkeypatch.setattr(engine.model, "step", faulty)
+    good = [int(t) for t in engine.tokenizer.encode("Hello there") if t != poison]
+    want = client.completions.create(model=MODEL, prompt=good, max_tokens=8, temperature=0,
+                                     logit_bias={str(poison): -100}).choices[0].text
+    out = {}
+
+    def call(name, prompt):
+        out[name] = httpx.post(server[0] + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "logit_bias": {str(poison): -100}})
+    threads = [threading.Thread(target=call, args=(name, p)) for name, p in
+               [("a", good), ("bad", good + [poison]), ("b", good)]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out["bad"].status_code == 500 and "injected fault" in out["bad"].json()["error"]["message"]
+    assert out["bad"].json()["error"]["type"] == "server_error"
+    for name in "ab":
+        assert out[name].status_code == 200 and out[name].json()["choices"][0]["text"] == want
+
+
+def test_metrics(server, client):
+    client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
+    text = httpx.get(server[0] + "/metrics").text
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
+    assert values['inferno_requests_total{status="200"}'] >= 1
+    assert values["inferno_prompt_tokens_total"] > 0 and values["inferno_generation_tokens_total"] >= 3
+    assert values["inferno_time_to_first_token_seconds_count"] >= 1
+    assert values['inferno_inter_token_latency_seconds_bucket{le="+Inf"}'] >= 2
+    assert values["inferno_kv_slots"] == 4 and values["inferno_kv_slots_used"] == 0
+    assert "inferno_sequences_running" in values and "inferno_sequences_waiting" in values
+
+
+def test_api_key_and_health_before_load(qwen3_dir):
+    loaded = threading.Event()
+    config = ServerConfig(model=str(qwen3_dir), model_id=MODEL, api_key="sesame")
+
+    def load(metrics):
+        loaded.wait(10)
+        return config.load(metrics)
+    with running(build_app(config, load)) as url:
+        assert httpx.get(url + "/health").status_code == 503
+        loaded.set()
+        wait_healthy(url)
+        body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+            r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(url + "/metrics").status_code == 401
+        c = openai.OpenAI(base_url=url + "/v1", api_key="sesame", max_retries=0)
+        assert c.chat.completions.create(**body).choices[0].finish_reason in ("stop", "length")
+
+
+SLOW_SERVE = """
+import sys, time
+from inferno.model.decoder import DecoderModel
+step = DecoderModel.step
+DecoderModel.step = lambda *a, **k: (time.sleep(0.01), step(*a, **k))[1]  # streams that last
+from inferno.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_drains_and_exits_0(qwen3_dir):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVE, "serve", "-m", str(qwen3_dir), "--port", str(port),
+                             "--alias", MODEL], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url)
+        body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 60, "stream": True,
+                "logit_bias": {str(t): -100 for t in inferno.load(qwen3_dir, progress=False).tokenizer.eos_ids}}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            while "content" not in next(lines):
+                pass
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            with pytest.raises(httpx.ConnectError):  # no longer accepting
+                httpx.get(url + "/health")
+            rest = [ln for ln in lines if ln.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"  # it ran to its end
+        assert proc.wait(30) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_pool_serves_on_the_cores_but_one_with_sleeping_workers(monkeypatch):
+    from inferno.serve.app import pool_defaults
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert pool_defaults({"threads": None}) == {"threads": max(1, os.cpu_count() - 1)}
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    assert pool_defaults({"threads": 2}) == {"threads": 2} and os.environ["OMP_WAIT_POLICY"] == "active"
+
+
+def test_a_bad_model_is_one_line_before_any_port_is_bound(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "inferno", "serve", "-m", str(tmp_path / "missing.gguf")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stderr.startswith("inferno: error: ") and p.stderr.count("\n") == 1
+    assert "Uvicorn" not in p.stderr
