@@ -44,6 +44,19 @@ def test_batched_logits_equal_each_sequence_alone(qwen3_dir, backend, options):
     engine.close()
 
 
+def test_segments_without_logits_skip_the_vocabulary(qwen3_dir):
+    """A prompt chunk that is not the prompt's last asks for no logits: the step returns rows
+    only for the segments that do, and None when none does."""
+    engine = inferno.load(qwen3_dir, cache_type="f32", progress=False)
+    model, ids = engine.model, np.arange(3, 30, dtype=np.int64)
+    cache = model.new_cache(32, slots=2)
+    assert model.step([Segment(ids[:10], 0, 0, logits=False)], cache) is None
+    got = model.step([Segment(ids[10:], 0, 10, logits=False), Segment(ids[:5], 1, 0)], cache)
+    assert got.shape == (1, engine.config.vocab_size)
+    np.testing.assert_allclose(got[0], model.forward(ids[:5])[-1], rtol=1e-5, atol=1e-5)
+    assert cache.lengths == [27, 5]
+
+
 @pytest.fixture(scope="module")
 def engine(qwen3_dir):
     return inferno.load(qwen3_dir, progress=False)

@@ -36,11 +36,13 @@ from inferno.model.kv_cache import KVCache
 @dataclass(frozen=True)
 class Segment:
     """Tokens of one sequence in a step: `ids` continue cache slot `slot` from position `start`
-    (the slot already holds positions 0..start-1)."""
+    (the slot already holds positions 0..start-1). `logits` False skips the vocabulary
+    projection for it: a prompt chunk that is not the prompt's last needs none."""
 
     ids: np.ndarray  # [n] int64
     slot: int = 0
     start: int = 0
+    logits: bool = True
 
 
 class Layer:
@@ -139,10 +141,10 @@ class DecoderModel:
         return self.step([Segment(ids, 0, start)], cache, all_logits=not last_only)
 
     def step(self, segments: list[Segment], cache: KVCache | None, all_logits: bool = False):
-        """One forward pass over a batch of segments. Returns each segment's last-token logits,
-        [len(segments), vocab] in the order given, or with `all_logits` every row's, segment by
-        segment. Each segment's K/V are written into its cache slot and the slot's length set
-        to its end."""
+        """One forward pass over a batch of segments. Returns the last-token logits of each
+        segment that asks for them, [n, vocab] in the order given (None when none does), or with
+        `all_logits` every row's, segment by segment. Each segment's K/V are written into its
+        cache slot and the slot's length set to its end."""
         ops, cfg = self.ops, self.cfg
         if cache is None and (len(segments) != 1 or segments[0].start):
             raise InfernoError("an uncached forward takes one sequence from position 0")
@@ -167,7 +169,9 @@ class DecoderModel:
             for s in segments:
                 cache.lengths[s.slot] = s.start + s.ids.size
         # Rows whose logits are wanted, in the caller's segment order.
-        seg_of = np.argsort(batch.order)  # caller's segment j is processed as seg_of[j]
+        seg_of = np.argsort(batch.order)[[s.logits for s in segments]]  # caller's j -> processed k
+        if seg_of.size == 0:
+            return None
         if all_logits:
             rows = np.concatenate([np.arange(batch.row0[k], batch.row0[k + 1]) for k in seg_of])
         else:

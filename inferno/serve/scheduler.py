@@ -236,7 +236,8 @@ class BatchEngine:
             if seq.prefilling and budget > 0:
                 ids = seq.next_ids(budget)
                 budget -= ids.size
-                batch.append((seq, Segment(ids, seq.slot, seq.pos)))
+                last = seq.pos + ids.size == len(seq.prompt)  # only the last chunk samples
+                batch.append((seq, Segment(ids, seq.slot, seq.pos, logits=last)))
         if not batch:
             self._deliver(events)
             return
@@ -268,8 +269,9 @@ class BatchEngine:
         """(sequence, segment, logits row) for each item whose forward pass succeeded."""
         ops, model = self.engine.ops, self.engine.model
         try:
-            logits = ops.to_numpy(model.step([seg for _, seg in batch], self.cache))
-            return [(seq, seg, logits[j]) for j, (seq, seg) in enumerate(batch)]
+            out = model.step([seg for _, seg in batch], self.cache)
+            rows = iter(ops.to_numpy(out) if out is not None else ())
+            return [(seq, seg, next(rows) if seg.logits else None) for seq, seg in batch]
         except Exception as e:
             if len(batch) == 1:
                 self._fail(batch[0][0], e, events)
@@ -278,7 +280,8 @@ class BatchEngine:
         rows = []
         for seq, seg in batch:
             try:
-                rows.append((seq, seg, ops.to_numpy(model.step([seg], self.cache))[0]))
+                out = model.step([seg], self.cache)
+                rows.append((seq, seg, ops.to_numpy(out)[0] if seg.logits else None))
             except Exception as e:
                 self._fail(seq, e, events)
         return rows
