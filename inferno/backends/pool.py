@@ -31,7 +31,9 @@ import numba as nb
 import numpy as np
 
 from inferno.backends import kernels as K
-from inferno.backends.simd import SimdBackend, contiguous
+from inferno.backends import qkernels as Q
+from inferno.backends.quant import QuantTensor
+from inferno.backends.simd import SimdBackend, contiguous, prefill_tile, token_ids
 from inferno.errors import InfernoError
 
 _LAUNCH = threading.Lock()  # NOTE: process-wide, like Numba's worker team it guards
@@ -154,13 +156,45 @@ class PoolBackend(SimdBackend):
     def linear(self, x, w):
         x = contiguous(x)
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
-        if x.shape[0] == 1:
+        if isinstance(w, QuantTensor):
+            kind, tile = Q.KINDS[w.qtype.name], prefill_tile(w.shape[1])
+            if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
+                Q.linear(kind, w.data, x, out, tile)
+            else:
+                self._launch(Q.linear_par, kind, w.data, x, out, tile, self.threads)
+        elif x.shape[0] == 1:
             if self.threads == 1 or w.size < self.parallel_min_elements:
                 K.matvec(w, x[0], out[0], 0, w.shape[0])
             else:
                 self._launch(_matvec, w, x[0], out[0], self.threads)
         else:
             self._rowwise(K.gemm_rows, _gemm, out.size * x.shape[1], out, x, w.T)
+        return out
+
+    def linear_many(self, x, ws):
+        """One launch over all the weights' rows (q/k/v, gate/up) when they are all quantized and
+        x has at most Q.FEW_MAX rows; otherwise one linear per weight."""
+        x = contiguous(x)
+        rows = x.shape[0]
+        if (self.threads == 1 or rows > Q.FEW_MAX
+                or not all(isinstance(w, QuantTensor) for w in ws)
+                or sum(w.shape[0] for w in ws) * x.size < self.parallel_min_elements):
+            return [self.linear(x, w) for w in ws]
+        outs = tuple(np.empty((rows, w.shape[0]), dtype=np.float32) for w in ws)  # [rows, out]
+        kinds = np.array([Q.KINDS[w.qtype.name] for w in ws], dtype=np.int64)
+        self._launch(Q.linear_many_par, kinds, tuple(w.data for w in ws), x, outs, self.threads)
+        return list(outs)
+
+    def embedding(self, table, ids):
+        if not isinstance(table, QuantTensor):
+            return super().embedding(table, ids)
+        ids = token_ids(ids, table.shape[0])
+        out = np.empty((len(ids), table.shape[1]), dtype=np.float32)  # [len(ids), hidden]
+        kind = Q.KINDS[table.qtype.name]
+        if self.threads == 1 or out.size < self.parallel_min_elements:
+            Q.embed_rows(kind, table.data, ids, out, 0, len(ids))
+        else:
+            self._launch(Q.embed_par, kind, table.data, ids, out, min(self.threads, len(ids)))
         return out
 
     def matmul(self, a, b):

@@ -1,0 +1,416 @@
+"""Numba kernels that multiply GGML-quantized weights in place (see quant.py for the format).
+
+A weight is its uint8 `[rows, row_bytes]` blocks, read where they lie (usually a read-only view
+of the memory-mapped file) and never copied. Every kind is read the same way: as groups of 32
+consecutive weights of a row, each group two 16-lane halves of small integers `lo`, `hi` with a
+scale `s` and an offset `m`, so that weight = s * q + m (`group`). Kernels then differ only in
+what they do with a group:
+
+- decode (`matvec_rows`): one activation row, two weight rows per pass sharing each load of x,
+  16-lane accumulators in registers reduced once per row, and sum(s * (q . x)) + sum(m * sum(x))
+  so the offset costs one scalar multiply-add per group;
+- a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
+  row decoded once for up to four activation rows;
+- prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
+- embedding (`embed_rows`): whole rows dequantised.
+
+Exactness: a group's products s * q are exact in float32 (an 11-bit half times an integer of
+at most 8 + 6 bits), so dequantised weights equal the gguf package's bit for bit, and the dot
+products differ from a float32 matmul of those weights only by summation order.
+
+Row geometry: cols is a multiple of 32 (the quantized kinds' blocks are 32 or 256 weights; a
+F16/BF16 weight whose rows are not is kept as float32 by the backend instead).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from inferno.backends.kernels import FAST
+from inferno.backends.lanes import (
+    f16at, f16bits, prefetch, u32at, vadd, vbf16, vf16, vfma, vi8, vload, vmul, vnib, vnib5, vnibhi,
+    vsplat, vstore, vsum, vzero,
+)
+
+jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
+inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+
+# Kernel codes, one per quant.QTYPES entry.
+F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = range(10)
+KINDS = {"F16": F16, "BF16": BF16, "Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0,
+         "Q5_1": Q5_1, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
+
+# Activation rows per call up to which `few_rows` beats dequantised tiles + sgemm.
+FEW_MAX = 16
+
+
+# -- one group of 32 weights -----------------------------------------------------------------------
+@inline
+def k_scale_min(f, o, j):
+    """Scale and min of sub-block j of a Q4_K/Q5_K super-block, whose 12 bytes of packed 6-bit
+    values start at f[o] (ggml's get_scale_min_k4)."""
+    if j < 4:
+        return np.float32(f[o + j] & 63), np.float32(f[o + j + 4] & 63)
+    sc = (f[o + j + 4] & 15) | ((f[o + j - 4] >> 6) << 4)
+    mn = (f[o + j + 4] >> 4) | ((f[o + j] >> 6) << 4)
+    return np.float32(sc), np.float32(mn)
+
+
+@inline
+def group(kind, f, ro, g):
+    """Group g of the row at byte ro: (lo, hi, s, m), its weights s * lo + m and s * hi + m."""
+    zero = np.float32(0.0)
+    if kind == Q8_0:
+        o = ro + g * 34  # f16 d, 32 x int8
+        return vi8(f, o + 2), vi8(f, o + 18), f16at(f, o), zero
+    if kind == Q4_0:
+        o = ro + g * 18  # f16 d, 16 bytes of nibbles: weight i low, i + 16 high; minus 8
+        d = f16at(f, o)
+        return vnib(f, o + 2, 0), vnib(f, o + 2, 4), d, np.float32(-8.0) * d
+    if kind == Q4_1:
+        o = ro + g * 20  # f16 d, f16 m, 16 bytes of nibbles
+        return vnib(f, o + 4, 0), vnib(f, o + 4, 4), f16at(f, o), f16at(f, o + 2)
+    if kind == Q5_0:
+        o = ro + g * 22  # f16 d, uint32 of fifth bits, 16 bytes of nibbles; minus 16
+        d, qh = f16at(f, o), u32at(f, o + 2)
+        return vnib5(f, o + 6, 0, qh, 0), vnib5(f, o + 6, 4, qh, 16), d, np.float32(-16.0) * d
+    if kind == Q5_1:
+        o = ro + g * 24  # f16 d, f16 m, uint32 of fifth bits, 16 bytes of nibbles
+        qh = u32at(f, o + 4)
+        return vnib5(f, o + 8, 0, qh, 0), vnib5(f, o + 8, 4, qh, 16), f16at(f, o), f16at(f, o + 2)
+    if kind == Q4_K or kind == Q5_K:
+        # 256-weight super-block: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, (Q5_K: 32
+        # bytes of fifth bits,) 128 bytes of nibbles; sub-block j is bytes 32 * (j // 2) of
+        # those, low nibbles for even j. Weight = d * sc * q - dmin * mn.
+        j = g & 7
+        o = ro + (g >> 3) * (144 if kind == Q4_K else 176)
+        sc, mn = k_scale_min(f, o + 4, j)
+        s, m = f16at(f, o) * sc, -f16at(f, o + 2) * mn
+        shift = (j & 1) * 4
+        if kind == Q4_K:
+            q = o + 16 + (j >> 1) * 32
+            return vnib(f, q, shift), vnib(f, q + 16, shift), s, m
+        q = o + 48 + (j >> 1) * 32  # fifth bit of weight i: bit j of byte i of the 32 at o + 16
+        return vnibhi(f, q, shift, o + 16, j, 1), vnibhi(f, q + 16, shift, o + 32, j, 1), s, m
+    if kind == Q6_K:
+        # 256-weight super-block: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales
+        # (one per 16 weights), f16 d; weight = d * scale * (q - 32). Group j of the block: half
+        # h = j // 4 (128 weights), quarter t; its nibbles are bytes 64h + 32 (t % 2), low for
+        # t < 2, its high bits bits 2t of bytes 32h of the highs.
+        j = g & 7
+        o = ro + (g >> 3) * 210
+        h, t = j >> 2, j & 3
+        ql, qh, shift = o + 64 * h + 32 * (t & 1), o + 128 + 32 * h, (t >> 1) * 4
+        sa = np.float32(np.int8(f[o + 192 + 2 * j]))
+        sb = np.float32(np.int8(f[o + 193 + 2 * j]))
+        lo = vmul(vadd(vnibhi(f, ql, shift, qh, 2 * t, 3), vsplat(-32.0)), vsplat(sa))
+        hi = vmul(vadd(vnibhi(f, ql + 16, shift, qh + 16, 2 * t, 3), vsplat(-32.0)), vsplat(sb))
+        return lo, hi, f16at(f, o + 208), zero
+    o = ro + g * 64
+    if kind == F16:
+        return vf16(f, o), vf16(f, o + 32), np.float32(1.0), zero
+    return vbf16(f, o), vbf16(f, o + 32), np.float32(1.0), zero  # BF16
+
+
+@inline
+def dot_group(kind, f, ro, g, x, xo, xsum):
+    """(16 lanes, scalar) whose sums are group g's weights . x[xo:xo + 32]."""
+    lo, hi, s, m = group(kind, f, ro, g)
+    return vmul(vsplat(s), vfma(lo, vload(x, xo), vmul(hi, vload(x, xo + 16)))), m * xsum
+
+
+@jit
+def group_sums(x, xs):
+    """xs[b, g] = sum of x[b, 32g:32g + 32]: the factor of every group's offset m."""
+    for b in range(x.shape[0]):
+        for g in range(xs.shape[1]):
+            xs[b, g] = vsum(vadd(vload(x, b * x.shape[1] + 32 * g), vload(x, b * x.shape[1] + 32 * g + 16)))
+
+
+# -- decode: one activation row ----------------------------------------------------------------------
+@jit
+def matvec_rows(kind, w, x, xs, y, r0, r1):
+    """y[r] = w[r] . x[0] for rows r0..r1; x [1, cols], xs its group sums, y [rows] (or a row of
+    the output). Two rows per pass share the loads of x; while it reads them, one prefetch per
+    group walks the next pass's bytes (rows are contiguous), so DRAM streams ahead of use."""
+    f = w.reshape(-1)  # [rows * row_bytes]
+    rb, n32, last = w.shape[1], xs.shape[1], f.shape[0] - 1
+    step = 2 * rb // n32  # bytes of a pass per group
+    r = r0
+    while r < r1:
+        ra, rc = r * rb, min(r + 1, r1 - 1) * rb  # an odd last row is paired with itself
+        ahead = rc + rb
+        a, c = vzero(), vzero()
+        ma, mc = np.float32(0.0), np.float32(0.0)
+        for g in range(n32):
+            p = ahead + g * step
+            prefetch(f, min(p, last))
+            if step > 64:  # F16/BF16 read two lines per group
+                prefetch(f, min(p + 64, last))
+            va, sa = dot_group(kind, f, ra, g, x, 32 * g, xs[0, g])
+            vc, sc = dot_group(kind, f, rc, g, x, 32 * g, xs[0, g])
+            a, c = vadd(a, va), vadd(c, vc)
+            ma, mc = ma + sa, mc + sc
+        y[r] = vsum(a) + ma
+        if r + 1 < r1:
+            y[r + 1] = vsum(c) + mc
+        r += 2
+
+
+# -- a few activation rows ---------------------------------------------------------------------------
+@inline
+def scaled_group(kind, f, ro, g):
+    """Group g's weights less their offset, s * lo and s * hi, and the offset m."""
+    lo, hi, s, m = group(kind, f, ro, g)
+    sv = vsplat(s)
+    return vmul(lo, sv), vmul(hi, sv), m
+
+
+@jit
+def few_rows(kind, w, x, xs, out, r0, r1):
+    """out[b, r] = w[r] . x[b] for rows r0..r1 and every row b of x [B, cols]: each group of a
+    weight row decoded and scaled once for four activation rows (then two, then one)."""
+    f = w.reshape(-1)
+    rb, n32, n = w.shape[1], xs.shape[1], x.shape[1]
+    B = x.shape[0]
+    for r in range(r0, r1):
+        ro = r * rb
+        b = 0
+        while b + 4 <= B:
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            m0 = m1 = m2 = m3 = np.float32(0.0)
+            for g in range(n32):
+                lo, hi, m = scaled_group(kind, f, ro, g)
+                o = b * n + 32 * g
+                a0 = vfma(lo, vload(x, o), vfma(hi, vload(x, o + 16), a0))
+                a1 = vfma(lo, vload(x, o + n), vfma(hi, vload(x, o + n + 16), a1))
+                a2 = vfma(lo, vload(x, o + 2 * n), vfma(hi, vload(x, o + 2 * n + 16), a2))
+                a3 = vfma(lo, vload(x, o + 3 * n), vfma(hi, vload(x, o + 3 * n + 16), a3))
+                m0 += m * xs[b, g]
+                m1 += m * xs[b + 1, g]
+                m2 += m * xs[b + 2, g]
+                m3 += m * xs[b + 3, g]
+            out[b, r], out[b + 1, r] = vsum(a0) + m0, vsum(a1) + m1
+            out[b + 2, r], out[b + 3, r] = vsum(a2) + m2, vsum(a3) + m3
+            b += 4
+        if b + 2 <= B:
+            a0, a1 = vzero(), vzero()
+            m0 = m1 = np.float32(0.0)
+            for g in range(n32):
+                lo, hi, m = scaled_group(kind, f, ro, g)
+                o = b * n + 32 * g
+                a0 = vfma(lo, vload(x, o), vfma(hi, vload(x, o + 16), a0))
+                a1 = vfma(lo, vload(x, o + n), vfma(hi, vload(x, o + n + 16), a1))
+                m0 += m * xs[b, g]
+                m1 += m * xs[b + 1, g]
+            out[b, r], out[b + 1, r] = vsum(a0) + m0, vsum(a1) + m1
+            b += 2
+        if b < B:
+            a0 = vzero()
+            m0 = np.float32(0.0)
+            for g in range(n32):
+                v, s0 = dot_group(kind, f, ro, g, x, b * n + 32 * g, xs[b, g])
+                a0 = vadd(a0, v)
+                m0 += s0
+            out[b, r] = vsum(a0) + m0
+
+
+# -- whole rows ----------------------------------------------------------------------------------------
+@inline
+def dequant_row(kind, f, ro, n32, out, oo):
+    """The row at byte ro as float32 into out.flat[oo:oo + 32 * n32]."""
+    for g in range(n32):
+        lo, hi, s, m = group(kind, f, ro, g)
+        sv, mv = vsplat(s), vsplat(m)
+        vstore(out, oo + 32 * g, vfma(lo, sv, mv))
+        vstore(out, oo + 32 * g + 16, vfma(hi, sv, mv))
+
+
+@jit
+def dequant_rows(kind, w, out, r0, r1):
+    """out[:r1 - r0] = rows r0..r1 of w as float32; out [>= r1 - r0, cols]."""
+    f = w.reshape(-1)
+    n = out.shape[1]
+    for r in range(r0, r1):
+        dequant_row(kind, f, r * w.shape[1], n // 32, out, (r - r0) * n)
+
+
+def dequantize(w, r0: int, r1: int) -> np.ndarray:
+    """Rows r0..r1 of QuantTensor w as float32 [r1 - r0, cols]: equal to w.dequantize(r0, r1),
+    about a hundred times as fast (for backends that keep float weights)."""
+    out = np.empty((r1 - r0, w.shape[1]), dtype=np.float32)
+    if w.shape[1] % 32:
+        out[:] = w.dequantize(r0, r1)  # a 16-bit row not in whole groups (F16/BF16 only)
+    else:
+        dequant_rows(KINDS[w.qtype.name], w.data, out, r0, r1)
+    return out
+
+
+@jit
+def embed_rows(kind, w, ids, out, i0, i1):
+    """out[i] = row ids[i] of w as float32, for i in i0..i1."""
+    f = w.reshape(-1)
+    n = out.shape[1]
+    for i in range(i0, i1):
+        dequant_row(kind, f, ids[i] * w.shape[1], n // 32, out, i * n)
+
+
+@jit
+def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
+    """out[:, r0:r1] = x @ w[r0:r1].T through sgemm, dequantising `tile` rows at a time into
+    scratch [tile, cols] and the product into scratch's tail [tile * cols:] as [B, tile]."""
+    n, B = x.shape[1], x.shape[0]
+    rows = scratch[:tile * n].reshape((tile, n))
+    prod = scratch[tile * n:tile * n + B * tile].reshape((B, tile))
+    for t0 in range(r0, r1, tile):
+        t = min(tile, r1 - t0)
+        dequant_rows(kind, w, rows, t0, t0 + t)
+        if t == tile:
+            np.dot(x, rows.T, prod)
+            out[:, t0:t0 + t] = prod
+        else:
+            out[:, t0:t0 + t] = np.dot(x, rows[:t].T)
+
+
+# -- serial drivers (the simd backend) ----------------------------------------------------------------
+@jit
+def linear(kind, w, x, out, tile):
+    """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B."""
+    B, rows = x.shape[0], w.shape[0]
+    if B > FEW_MAX:
+        scratch = np.empty(tile * x.shape[1] + B * tile, np.float32)
+        prefill_rows(kind, w, x, out, 0, rows, tile, scratch)
+        return
+    xs = np.empty((B, x.shape[1] // 32), np.float32)
+    group_sums(x, xs)
+    if B == 1:
+        matvec_rows(kind, w, x, xs, out[0], 0, rows)
+    else:
+        few_rows(kind, w, x, xs, out, 0, rows)
+
+
+# -- parallel drivers (the pool backend): one launch, rows split across Numba's OpenMP team ----------
+@nb.njit(cache=True, nogil=True, inline="always")
+def _bounds(n, c, chunks, align):
+    """Start of chunk c of `chunks` over n rows, on a multiple of `align` (pool.py's _bounds)."""
+    if c >= chunks:
+        return n
+    return (n * c // chunks) // align * align
+
+
+@nb.njit(parallel=True, cache=True, fastmath=FAST)
+def linear_par(kind, w, x, out, tile, chunks):
+    """`linear`, its rows split into `chunks` ranges, each on a thread of the team."""
+    B, rows, n = x.shape[0], w.shape[0], x.shape[1]
+    if B > FEW_MAX:
+        tiles = (rows + tile - 1) // tile
+        for c in nb.prange(chunks):
+            scratch = np.empty(tile * n + B * tile, np.float32)
+            t0, t1 = _bounds(tiles, c, chunks, 1), _bounds(tiles, c + 1, chunks, 1)
+            prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch)
+        return
+    xs = np.empty((B, n // 32), np.float32)
+    group_sums(x, xs)
+    for c in nb.prange(chunks):
+        r0, r1 = _bounds(rows, c, chunks, 2), _bounds(rows, c + 1, chunks, 2)
+        if B == 1:
+            matvec_rows(kind, w, x, xs, out[0], r0, r1)
+        else:
+            few_rows(kind, w, x, xs, out, r0, r1)
+
+
+@nb.njit(parallel=True, cache=True, fastmath=FAST)
+def linear_many_par(kinds, ws, x, outs, chunks):
+    """[x @ w.T for w in ws] in one launch, for B <= FEW_MAX rows of x: the weights' rows, taken
+    end to end as one range, split into `chunks` pieces (a piece may span two weights). Weights
+    may differ in kind and rows; they share cols, so a row costs about the same in any."""
+    B, n = x.shape[0], x.shape[1]
+    xs = np.empty((B, n // 32), np.float32)
+    group_sums(x, xs)
+    total = 0
+    for k in range(len(ws)):
+        total += ws[k].shape[0]
+    for c in nb.prange(chunks):
+        lo, hi = _bounds(total, c, chunks, 2), _bounds(total, c + 1, chunks, 2)
+        start = 0
+        for k in range(len(ws)):
+            rows = ws[k].shape[0]
+            r0, r1 = max(lo - start, 0), min(hi - start, rows)
+            if r0 < r1:
+                if B == 1:
+                    matvec_rows(kinds[k], ws[k], x, xs, outs[k][0], r0, r1)
+                else:
+                    few_rows(kinds[k], ws[k], x, xs, outs[k], r0, r1)
+            start += rows
+
+
+@nb.njit(parallel=True, cache=True, fastmath=FAST)
+def embed_par(kind, w, ids, out, chunks):
+    for c in nb.prange(chunks):
+        embed_rows(kind, w, ids, out, _bounds(len(ids), c, chunks, 1), _bounds(len(ids), c + 1, chunks, 1))
+
+
+# -- quantizing float32 rows (quant.quantize), bit for bit as the gguf package does ----------------
+# No fastmath here: every rounding must be the one numpy makes.
+@nb.njit(cache=True, nogil=True)
+def _put_f16(out, r, o, v):
+    bits = f16bits(v)
+    out[r, o], out[r, o + 1] = bits & 255, bits >> 8
+
+
+@nb.njit(cache=True, nogil=True)
+def quantize_q8_0(w, out, r0, r1):
+    """Q8_0 blocks of float32 rows r0..r1 of w [rows, cols] into out [rows, cols // 32 * 34]:
+    d = max|x| / 127, q = x / d rounded half away from zero (gguf's np_roundf, step by step)."""
+    q = np.empty(32, np.float32)
+    for r in range(r0, r1):
+        for b in range(w.shape[1] // 32):
+            c = 32 * b
+            amax = np.float32(0.0)
+            for i in range(32):
+                amax = max(amax, abs(w[r, c + i]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            for i in range(32):
+                v = w[r, c + i] * inv
+                a = abs(v)
+                fl = np.floor(a)
+                q[i] = np.copysign(fl + np.floor(np.float32(2.0) * (a - fl)), v)
+            o = 34 * b
+            _put_f16(out, r, o, d)
+            for i in range(32):
+                out[r, o + 2 + i] = np.uint8(np.int8(q[i]))
+
+
+@nb.njit(cache=True, nogil=True)
+def quantize_q4_0(w, out, r0, r1):
+    """Q4_0 blocks of float32 rows r0..r1 of w [rows, cols] into out [rows, cols // 32 * 18]:
+    d = the weight of largest magnitude / -8, q = trunc(x / d + 8.5) clipped to 15."""
+    for r in range(r0, r1):
+        for b in range(w.shape[1] // 32):
+            x = w[r, 32 * b:32 * b + 32]
+            vmax, amax = np.float32(0.0), np.float32(-1.0)
+            for i in range(32):
+                if abs(x[i]) > amax:  # the first of equal magnitudes, as argmax
+                    amax, vmax = abs(x[i]), x[i]
+            d = vmax / np.float32(-8.0)
+            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            o = 18 * b
+            _put_f16(out, r, o, d)
+            for i in range(16):
+                lo = min(np.int64(np.trunc(x[i] * inv + np.float32(8.5))), 15)
+                hi = min(np.int64(np.trunc(x[i + 16] * inv + np.float32(8.5))), 15)
+                out[r, o + 2 + i] = lo | (hi << 4)
+
+
+@nb.njit(parallel=True, cache=True)
+def quantize_par(w, out, q8, chunks):
+    """quantize_q8_0 (q8) or quantize_q4_0 over all rows, split into chunks across threads."""
+    rows = w.shape[0]
+    for c in nb.prange(chunks):
+        r0, r1 = _bounds(rows, c, chunks, 1), _bounds(rows, c + 1, chunks, 1)
+        if q8:
+            quantize_q8_0(w, out, r0, r1)
+        else:
+            quantize_q4_0(w, out, r0, r1)
