@@ -54,24 +54,33 @@ def machine() -> str:
     return f"{info.get('Model name', '?')}, {info.get('CPU(s)', '?')} CPUs, {' '.join(simd)}"
 
 
-def rounds(fns: dict, reps: int) -> dict:
-    """name -> median seconds of fn(), the functions interleaved round by round."""
+CLOCK = {"wall": time.perf_counter, "cpu": time.thread_time}
+clock = time.perf_counter
+
+
+def rounds(fns: dict, reps: int, one_thread: bool = False) -> dict:
+    """name -> median seconds of fn(), the functions interleaved round by round. One-thread
+    tables use `clock` (--clock cpu: this thread's CPU time, which a busy machine's other
+    processes do not inflate); the pool's are always wall-clock."""
+    tick = clock if one_thread else time.perf_counter
     for fn in fns.values():
         fn()  # compile and warm
     times = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = tick()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(tick() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def weights(name: str, shapes, copies: int):
-    """copies x shapes of random weights of type `name` (float32 arrays for F32)."""
+    """copies x shapes of random weights of type `name` (float32 arrays for F32); the K-quants
+    take only the shapes whose rows are whole 256-weight blocks (SmolLM2: ffn_down's)."""
+    block = QTYPES[name].block if name in QTYPES else 1
     out = []
     for c in range(copies):
-        for i, (rows, cols) in enumerate(shapes):
+        for i, (rows, cols) in enumerate(s for s in shapes if s[1] % block == 0):
             q = random_blocks("Q8_0" if name == "F32" else name, rows, cols, seed=c * 16 + i,
                               readonly=True)
             out.append(q.dequantize() if name == "F32" else q)
@@ -88,9 +97,9 @@ def decode_table(types, reps):
             xs = {cols: np.random.default_rng(1).standard_normal((1, cols), dtype=np.float32)
                   for _, cols in shapes}
             prepared = {be.name: [be.weight(w) for w in ws] for be in (simd, pool)}
-            fns = {be.name: (lambda be=be: [be.linear(xs[w.shape[1]], w) for w in prepared[be.name]])
+            run = {be.name: (lambda be=be: [be.linear(xs[w.shape[1]], w) for w in prepared[be.name]])
                    for be in (simd, pool)}
-            t = rounds(fns, reps)
+            t = rounds({"simd": run["simd"]}, reps, one_thread=True) | rounds({"pool": run["pool"]}, reps)
             n = sum(w.shape[0] * w.shape[1] for w in ws)
             b = sum(w.nbytes for w in ws)
             print(f"{name:<6} {shape_name:<6} {n / t['simd'] / 1e9:>10.2f} {b / t['simd'] / 1e9:>6.1f} "
@@ -110,7 +119,7 @@ def few_table(types, reps):
         for B in (1,) + sizes:
             xs = {c: np.random.default_rng(B).standard_normal((B, c), dtype=np.float32) for c in (576, 1536)}
             fns[B] = lambda xs=xs: [simd.linear(xs[w.shape[1]], w) for w in ws]
-        t = rounds(fns, reps)
+        t = rounds(fns, reps, one_thread=True)
         n = sum(w.shape[0] * w.shape[1] for w in ws)
         cells = [f"{B * n / t[B] / 1e9:>8.1f} {t[1] * B / t[B]:>6.2f}" for B in sizes]
         print(f"{name:<6} " + " ".join(cells), flush=True)
@@ -120,13 +129,13 @@ def few_table(types, reps):
 def prefill_table(types, reps, rows=512):
     simd = SimdBackend()
     print(f"\nprefill, {rows} activation rows, one thread: GFLOP/s (2 x rows x weights per s)")
-    print(f"{'type':<6} {'4096x4096':>10} {'1536x576':>10}")
+    print(f"{'type':<6} {'4096x4096':>10} {'576x1536':>10}")
     for name in ["F32"] + types:
         cells = []
-        for shape in ((4096, 4096), (1536, 576)):
+        for shape in ((4096, 4096), (576, 1536)):
             w = simd.weight(weights(name, [shape], 1)[0])
             x = np.random.default_rng(0).standard_normal((rows, shape[1]), dtype=np.float32)
-            t = rounds({"q": lambda: simd.linear(x, w)}, reps)["q"]
+            t = rounds({"q": lambda: simd.linear(x, w)}, reps, one_thread=True)["q"]
             cells.append(f"{2 * rows * shape[0] * shape[1] / t / 1e9:>10.1f}")
         print(f"{name:<6} " + " ".join(cells), flush=True)
     simd.close()
@@ -178,7 +187,7 @@ def files_table(reps):
             calls = [(x[width], [be.weight(tensors[n]) for n in names]) for width, names in steps]
             fns[be.name] = lambda be=be, calls=calls: [be.linear_many(xi, ws) for xi, ws in calls]
         total = sum(pool.weight_nbytes(tensors[n]) for _, names in steps for n in names)
-        times = rounds(fns, reps)
+        times = rounds({"pool": fns["pool"]}, reps) | rounds({"simd": fns["simd"]}, reps, one_thread=True)
         types = sorted({tensors[n].qtype.name for _, names in steps for n in names})
         print(f"{path.name:<36} {','.join(types):<26} {total / 1e6:>8.1f} {times['pool'] * 1e3:>8.2f} "
               f"{times['simd'] * 1e3:>8.2f} {1.0 / (times['pool'] + 0.9e-3):>10.0f}", flush=True)
@@ -191,12 +200,16 @@ def main(argv=None) -> None:
     parser.add_argument("-t", "--types", default=",".join(QTYPES), help="comma-separated types")
     parser.add_argument("-r", "--rounds", type=int, default=5, help="timed rounds per variant")
     parser.add_argument("--only", default="decode,few,prefill,files", help="which tables")
+    parser.add_argument("--clock", choices=CLOCK, default="wall",
+                        help="one-thread timings: wall-clock, or this thread's CPU time (a shared machine)")
     args = parser.parse_args(argv)
+    global clock
+    clock = CLOCK[args.clock]
     types = [t for t in args.types.split(",") if t]
     unknown = [t for t in types if t not in QTYPES]
     if unknown:
         parser.error(f"unknown types {unknown}; known: {', '.join(QTYPES)}")
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}; one-thread timings: {args.clock} clock")
     tables = args.only.split(",")
     if "decode" in tables:
         decode_table(types, args.rounds)

@@ -78,6 +78,17 @@ def vsplat(typingctx, x):
     return f32x16(x), codegen
 
 
+@intrinsic
+def vhalves(typingctx, a, b):
+    """a in lanes 0-7, b in lanes 8-15."""
+    def codegen(context, builder, sig, args):
+        va, vb = (_splat(builder, context.cast(builder, v, t, types.float32), _F32)
+                  for v, t in zip(args, sig.args))
+        return builder.shuffle_vector(va, vb, ir.Constant(ir.VectorType(_I32, LANES),
+                                                          list(range(8)) + list(range(24, 32))))
+    return f32x16(a, b), codegen
+
+
 def _binary(op):
     @intrinsic
     def fn(typingctx, a, b):
@@ -175,7 +186,8 @@ def vi8(typingctx, f, o):
 
 
 def _nibbles(context, builder, sig, args):
-    """(f[o + lane] >> shift) & 15 as 16 int32 lanes, shift 0 (low nibbles) or 4 (high)."""
+    """(f[o + lane] >> shift) & 15 as 16 int32 lanes, shift 0 (low nibbles) or 4 (high). (Doing
+    this on int8 lanes measured slower: x86 has no byte shifts.)"""
     b = builder.zext(_load_bytes(context, builder, sig.args[0], args[0], args[1]), ir.VectorType(_I32, LANES))
     shift = _splat(builder, _as_i32(context, builder, args[2], sig.args[2]), _I32)
     return builder.and_(builder.lshr(b, shift), _vec(LANES, 15))
@@ -192,30 +204,66 @@ def vnib(typingctx, f, o, shift):
 @intrinsic
 def vnib5(typingctx, f, o, shift, qh, bit0):
     """16 five-bit values of Q5_0/Q5_1: the nibble as vnib, plus bit (bit0 + lane) of the uint32
-    qh as the fifth bit."""
+    qh as the fifth bit (tested against a mask and selected: one op fewer than shifting)."""
     def codegen(context, builder, sig, args):
         low = _nibbles(context, builder, sig, args)
         qh = _splat(builder, _as_i32(context, builder, args[3], sig.args[3]), _I32)
         first = _splat(builder, _as_i32(context, builder, args[4], sig.args[4]), _I32)
         lane = ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES)))
-        high = builder.and_(builder.lshr(qh, builder.add(first, lane)), _vec(LANES, 1))
-        return builder.uitofp(builder.or_(low, builder.shl(high, _vec(LANES, 4))), _VF)
+        mask = builder.shl(_vec(LANES, 1), builder.add(first, lane))
+        set_ = builder.icmp_unsigned("!=", builder.and_(qh, mask), _vec(LANES, 0))
+        return builder.uitofp(builder.or_(low, builder.select(set_, _vec(LANES, 16), _vec(LANES, 0))), _VF)
     return f32x16(f, types.intp, shift, qh, bit0), codegen
 
 
 @intrinsic
-def vnibhi(typingctx, f, o, shift, oh, hshift, hmask):
+def vnibhi(typingctx, f, o, shift, oh, hshift, hmask, bias):
     """16 values of the K-quants: the nibble as vnib, plus ((f[oh + lane] >> hshift) & hmask)
-    as the bits above it (Q5_K: one bit; Q6_K: two)."""
+    as the bits above it (Q5_K: one bit; Q6_K: two), minus bias (Q6_K: 32)."""
     def codegen(context, builder, sig, args):
         low = _nibbles(context, builder, sig, args)
-        wide = ir.VectorType(_I32, LANES)
-        h = builder.zext(_load_bytes(context, builder, sig.args[0], args[0], args[3]), wide)
-        hshift = _splat(builder, _as_i32(context, builder, args[4], sig.args[4]), _I32)
-        hmask = _splat(builder, _as_i32(context, builder, args[5], sig.args[5]), _I32)
-        high = builder.and_(builder.lshr(h, hshift), hmask)
-        return builder.uitofp(builder.or_(low, builder.shl(high, _vec(LANES, 4))), _VF)
-    return f32x16(f, types.intp, shift, types.intp, hshift, hmask), codegen
+        h = builder.zext(_load_bytes(context, builder, sig.args[0], args[0], args[3]), ir.VectorType(_I32, LANES))
+        hshift, hmask, bias = (_splat(builder, _as_i32(context, builder, args[i], sig.args[i]), _I32)
+                               for i in (4, 5, 6))
+        q = builder.or_(low, builder.shl(builder.and_(builder.lshr(h, hshift), hmask), _vec(LANES, 4)))
+        return builder.sitofp(builder.sub(q, bias), _VF)
+    return f32x16(f, types.intp, shift, types.intp, hshift, hmask, bias), codegen
+
+
+@intrinsic
+def vkscales(typingctx, f, o):
+    """The 8 scales (lanes 0-7) and 8 mins (lanes 8-15) of a Q4_K/Q5_K super-block, 6 bits each,
+    packed in the 12 bytes f[o:o + 12] (ggml's get_scale_min_k4, as its AVX2 code unpacks them:
+    three 32-bit words, masks and shifts, then one widening of the 16 bytes)."""
+    def codegen(context, builder, sig, args):
+        words = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 3), align=1)
+        u0, u1, u2 = (builder.extract_element(words, ir.Constant(_I32, i)) for i in range(3))
+        k1, k2, k3 = (ir.Constant(_I32, v) for v in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
+
+        def top2(u):  # each byte's top two bits, moved to bits 4-5
+            return builder.shl(builder.and_(builder.lshr(u, ir.Constant(_I32, 6)), k3), ir.Constant(_I32, 4))
+        sc_lo, mn_lo = builder.and_(u0, k1), builder.and_(u1, k1)
+        sc_hi = builder.or_(builder.and_(u2, k2), top2(u0))
+        mn_hi = builder.or_(builder.and_(builder.lshr(u2, ir.Constant(_I32, 4)), k2), top2(u1))
+        packed = ir.Constant(ir.VectorType(_I32, 4), ir.Undefined)
+        for i, v in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
+            packed = builder.insert_element(packed, v, ir.Constant(_I32, i))
+        b = builder.bitcast(packed, ir.VectorType(_I8, LANES))
+        return builder.uitofp(b, _VF)
+    return f32x16(f, types.intp), codegen
+
+
+@intrinsic
+def stack_f32(typingctx, n):
+    """A pointer to n float32 on the stack (n a literal), for nb.carray: scratch that LLVM may
+    keep in registers, unlike an np.empty."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    size = n.literal_value
+
+    def codegen(context, builder, sig, args):
+        return cgutils.alloca_once(builder, _F32, size=size)
+    return types.CPointer(types.float32)(n), codegen
 
 
 @intrinsic

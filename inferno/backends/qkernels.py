@@ -1,10 +1,11 @@
 """Numba kernels that multiply GGML-quantized weights in place (see quant.py for the format).
 
 A weight is its uint8 `[rows, row_bytes]` blocks, read where they lie (usually a read-only view
-of the memory-mapped file) and never copied. Every kind is read the same way: as groups of 32
-consecutive weights of a row, each group two 16-lane halves of small integers `lo`, `hi` with a
-scale `s` and an offset `m`, so that weight = s * q + m (`group`). Kernels then differ only in
-what they do with a group:
+of the memory-mapped file) and never copied. Every kind is read the same way: a row is a run of
+units (a block of 32 weights, or a K-quant super-block of eight groups of 32) whose scales are
+decoded once (`unit_scales`); each group of 32 weights is two 16-lane halves of small integers
+(`unit_q`), so that weight = s * q + m with the group's scales and offset (`group_scales`).
+Kernels differ only in what they do with a group (vectors: lanes.py):
 
 - decode (`matvec_rows`): one activation row, two weight rows per pass sharing each load of x,
   16-lane accumulators in registers reduced once per row, and sum(s * (q . x)) + sum(m * sum(x))
@@ -14,9 +15,12 @@ what they do with a group:
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
 - embedding (`embed_rows`): whole rows dequantised.
 
-Exactness: a group's products s * q are exact in float32 (an 11-bit half times an integer of
-at most 8 + 6 bits), so dequantised weights equal the gguf package's bit for bit, and the dot
+Exactness: a group's products s * q are exact in float32 (an 11-bit half times integers of at
+most 7 + 6 bits), so dequantised weights equal the gguf package's bit for bit, and the dot
 products differ from a float32 matmul of those weights only by summation order.
+
+NOTE: Numba's cache (cache=True) is keyed on this file alone: after editing lanes.py, delete
+__pycache__/qkernels.* or touch this file, or stale machine code runs.
 
 Row geometry: cols is a multiple of 32 (the quantized kinds' blocks are 32 or 256 weights; a
 F16/BF16 weight whose rows are not is kept as float32 by the backend instead).
@@ -29,12 +33,11 @@ import numpy as np
 
 from inferno.backends.kernels import FAST
 from inferno.backends.lanes import (
-    f16at, f16bits, prefetch, u32at, vadd, vbf16, vf16, vfma, vi8, vload, vmul, vnib, vnib5, vnibhi,
-    vsplat, vstore, vsum, vzero,
+    f16at, f16bits, prefetch, stack_f32, u32at, vadd, vbf16, vf16, vfma, vhalves, vi8, vkscales,
+    vload, vmul, vnib, vnib5, vnibhi, vsplat, vstore, vsum, vzero,
 )
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
-inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 
 # Kernel codes, one per quant.QTYPES entry.
 F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = range(10)
@@ -45,79 +48,81 @@ KINDS = {"F16": F16, "BF16": BF16, "Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5
 FEW_MAX = 16
 
 
-# -- one group of 32 weights -----------------------------------------------------------------------
-@inline
-def k_scale_min(f, o, j):
-    """Scale and min of sub-block j of a Q4_K/Q5_K super-block, whose 12 bytes of packed 6-bit
-    values start at f[o] (ggml's get_scale_min_k4)."""
-    if j < 4:
-        return np.float32(f[o + j] & 63), np.float32(f[o + j + 4] & 63)
-    sc = (f[o + j + 4] & 15) | ((f[o + j - 4] >> 6) << 4)
-    mn = (f[o + j + 4] >> 4) | ((f[o + j] >> 6) << 4)
-    return np.float32(sc), np.float32(mn)
+# -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
+K_GROUPS = 8
+UNIT_BYTES = (64, 64, 34, 18, 20, 22, 24, 144, 176, 210)  # per kernel code: F16 .. Q6_K
 
 
-@inline
-def group(kind, f, ro, g):
-    """Group g of the row at byte ro: (lo, hi, s, m), its weights s * lo + m and s * hi + m."""
-    zero = np.float32(0.0)
-    if kind == Q8_0:
-        o = ro + g * 34  # f16 d, 32 x int8
-        return vi8(f, o + 2), vi8(f, o + 18), f16at(f, o), zero
-    if kind == Q4_0:
-        o = ro + g * 18  # f16 d, 16 bytes of nibbles: weight i low, i + 16 high; minus 8
+@jit
+def unit_groups(kind):
+    return K_GROUPS if kind >= Q4_K else 1
+
+
+@jit
+def unit_scales(kind, f, o, sm):
+    """Decode the scales of the unit at byte o into sm (16 float32, see group_scales): once per
+    unit, so a K-quant super-block's packed 6-bit scales cost one vector unpack per 256 weights."""
+    if kind == Q4_K or kind == Q5_K:  # f16 d, f16 dmin, 12 bytes of 6-bit scales and mins
+        vstore(sm, 0, vmul(vkscales(f, o + 4), vhalves(f16at(f, o), -f16at(f, o + 2))))
+    elif kind == Q6_K:  # 16 int8 scales at 192, one per 16 weights, f16 d at 208
+        vstore(sm, 0, vmul(vi8(f, o + 192), vsplat(f16at(f, o + 208))))
+    elif kind == F16 or kind == BF16:
+        sm[0], sm[8] = 1.0, 0.0
+    else:
         d = f16at(f, o)
-        return vnib(f, o + 2, 0), vnib(f, o + 2, 4), d, np.float32(-8.0) * d
-    if kind == Q4_1:
-        o = ro + g * 20  # f16 d, f16 m, 16 bytes of nibbles
-        return vnib(f, o + 4, 0), vnib(f, o + 4, 4), f16at(f, o), f16at(f, o + 2)
-    if kind == Q5_0:
-        o = ro + g * 22  # f16 d, uint32 of fifth bits, 16 bytes of nibbles; minus 16
-        d, qh = f16at(f, o), u32at(f, o + 2)
-        return vnib5(f, o + 6, 0, qh, 0), vnib5(f, o + 6, 4, qh, 16), d, np.float32(-16.0) * d
-    if kind == Q5_1:
-        o = ro + g * 24  # f16 d, f16 m, uint32 of fifth bits, 16 bytes of nibbles
-        qh = u32at(f, o + 4)
-        return vnib5(f, o + 8, 0, qh, 0), vnib5(f, o + 8, 4, qh, 16), f16at(f, o), f16at(f, o + 2)
-    if kind == Q4_K or kind == Q5_K:
-        # 256-weight super-block: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, (Q5_K: 32
-        # bytes of fifth bits,) 128 bytes of nibbles; sub-block j is bytes 32 * (j // 2) of
-        # those, low nibbles for even j. Weight = d * sc * q - dmin * mn.
-        j = g & 7
-        o = ro + (g >> 3) * (144 if kind == Q4_K else 176)
-        sc, mn = k_scale_min(f, o + 4, j)
-        s, m = f16at(f, o) * sc, -f16at(f, o + 2) * mn
-        shift = (j & 1) * 4
-        if kind == Q4_K:
-            q = o + 16 + (j >> 1) * 32
-            return vnib(f, q, shift), vnib(f, q + 16, shift), s, m
-        q = o + 48 + (j >> 1) * 32  # fifth bit of weight i: bit j of byte i of the 32 at o + 16
-        return vnibhi(f, q, shift, o + 16, j, 1), vnibhi(f, q + 16, shift, o + 32, j, 1), s, m
+        sm[0] = d
+        if kind == Q4_1 or kind == Q5_1:
+            sm[8] = f16at(f, o + 2)
+        elif kind == Q4_0:
+            sm[8] = np.float32(-8.0) * d
+        elif kind == Q5_0:
+            sm[8] = np.float32(-16.0) * d
+        else:  # Q8_0
+            sm[8] = 0.0
+
+
+@jit
+def group_scales(kind, sm, j):
+    """(s_lo, s_hi, m): group j's weights are s_lo * lo + m (its first 16, lo from unit_q) and
+    s_hi * hi + m (its last 16). Q6_K has a scale per 16 weights and no offset; every other kind
+    one scale and one offset per group (sm[j], sm[8 + j])."""
     if kind == Q6_K:
-        # 256-weight super-block: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales
-        # (one per 16 weights), f16 d; weight = d * scale * (q - 32). Group j of the block: half
-        # h = j // 4 (128 weights), quarter t; its nibbles are bytes 64h + 32 (t % 2), low for
-        # t < 2, its high bits bits 2t of bytes 32h of the highs.
-        j = g & 7
-        o = ro + (g >> 3) * 210
+        return sm[2 * j], sm[2 * j + 1], np.float32(0.0)
+    return sm[j], sm[j], sm[8 + j]
+
+
+@jit
+def unit_q(kind, f, o, j):
+    """Group j of the unit at byte o as two halves of 16 small integers (float32): (lo, hi)."""
+    if kind == Q8_0:  # f16 d, 32 x int8
+        return vi8(f, o + 2), vi8(f, o + 18)
+    if kind == Q4_0:  # f16 d, 16 bytes of nibbles: weight i low, i + 16 high
+        return vnib(f, o + 2, 0), vnib(f, o + 2, 4)
+    if kind == Q4_1:  # f16 d, f16 m, 16 bytes of nibbles
+        return vnib(f, o + 4, 0), vnib(f, o + 4, 4)
+    if kind == Q5_0:  # f16 d, uint32 of fifth bits, 16 bytes of nibbles
+        qh = u32at(f, o + 2)
+        return vnib5(f, o + 6, 0, qh, 0), vnib5(f, o + 6, 4, qh, 16)
+    if kind == Q5_1:  # f16 d, f16 m, uint32 of fifth bits, 16 bytes of nibbles
+        qh = u32at(f, o + 4)
+        return vnib5(f, o + 8, 0, qh, 0), vnib5(f, o + 8, 4, qh, 16)
+    if kind == Q4_K:  # 16 bytes of header, then 128 of nibbles: group j is bytes 32 * (j // 2)
+        q, shift = o + 16 + (j >> 1) * 32, (j & 1) * 4  # of those, low nibbles for even j
+        return vnib(f, q, shift), vnib(f, q + 16, shift)
+    if kind == Q5_K:  # as Q4_K after 32 bytes of fifth bits: weight i's is bit j of byte i
+        q, shift = o + 48 + (j >> 1) * 32, (j & 1) * 4
+        return vnibhi(f, q, shift, o + 16, j, 1, 0), vnibhi(f, q + 16, shift, o + 32, j, 1, 0)
+    if kind == Q6_K:
+        # 128 bytes of low nibbles, 64 of 2-bit highs; weight = scale * (q - 32). Group j: half
+        # h = j // 4 of the block (128 weights), quarter t; its nibbles are bytes 64h + 32 (t % 2),
+        # low ones for t < 2, its high bits bits 2t of bytes 32h of the highs.
         h, t = j >> 2, j & 3
         ql, qh, shift = o + 64 * h + 32 * (t & 1), o + 128 + 32 * h, (t >> 1) * 4
-        sa = np.float32(np.int8(f[o + 192 + 2 * j]))
-        sb = np.float32(np.int8(f[o + 193 + 2 * j]))
-        lo = vmul(vadd(vnibhi(f, ql, shift, qh, 2 * t, 3), vsplat(-32.0)), vsplat(sa))
-        hi = vmul(vadd(vnibhi(f, ql + 16, shift, qh + 16, 2 * t, 3), vsplat(-32.0)), vsplat(sb))
-        return lo, hi, f16at(f, o + 208), zero
-    o = ro + g * 64
+        return (vnibhi(f, ql, shift, qh, 2 * t, 3, 32),
+                vnibhi(f, ql + 16, shift, qh + 16, 2 * t, 3, 32))
     if kind == F16:
-        return vf16(f, o), vf16(f, o + 32), np.float32(1.0), zero
-    return vbf16(f, o), vbf16(f, o + 32), np.float32(1.0), zero  # BF16
-
-
-@inline
-def dot_group(kind, f, ro, g, x, xo, xsum):
-    """(16 lanes, scalar) whose sums are group g's weights . x[xo:xo + 32]."""
-    lo, hi, s, m = group(kind, f, ro, g)
-    return vmul(vsplat(s), vfma(lo, vload(x, xo), vmul(hi, vload(x, xo + 16)))), m * xsum
+        return vf16(f, o), vf16(f, o + 32)
+    return vbf16(f, o), vbf16(f, o + 32)  # BF16
 
 
 @jit
@@ -128,43 +133,92 @@ def group_sums(x, xs):
             xs[b, g] = vsum(vadd(vload(x, b * x.shape[1] + 32 * g), vload(x, b * x.shape[1] + 32 * g + 16)))
 
 
-# -- decode: one activation row ----------------------------------------------------------------------
+# -- decode and a few activation rows ------------------------------------------------------------------
+@jit
+def rows_kernel(kind, w, x, xs, out, r0, r1):
+    """out[:, r0:r1] = x @ w[r0:r1].T for x [B <= FEW_MAX, cols], xs its group sums.
+
+    Each kind gets its own compiled loops: a global constant passed to a jitted function is
+    typed as a literal, so `_rows(Q8_0, ...)` compiles a copy in which every branch on the kind
+    folds away (nb.literal_unroll over the codes did not: it compiled one int64 copy). A switch on the kind inside the loops cost 5-30% of the matvec (Q5_0 11 -> 14
+    Gw/s in cache, one core) and 2-3x of few_rows."""
+    if kind == Q8_0:
+        _rows(Q8_0, w, x, xs, out, r0, r1)
+    elif kind == Q4_0:
+        _rows(Q4_0, w, x, xs, out, r0, r1)
+    elif kind == Q4_1:
+        _rows(Q4_1, w, x, xs, out, r0, r1)
+    elif kind == Q5_0:
+        _rows(Q5_0, w, x, xs, out, r0, r1)
+    elif kind == Q5_1:
+        _rows(Q5_1, w, x, xs, out, r0, r1)
+    elif kind == Q4_K:
+        _rows(Q4_K, w, x, xs, out, r0, r1)
+    elif kind == Q5_K:
+        _rows(Q5_K, w, x, xs, out, r0, r1)
+    elif kind == Q6_K:
+        _rows(Q6_K, w, x, xs, out, r0, r1)
+    elif kind == F16:
+        _rows(F16, w, x, xs, out, r0, r1)
+    else:
+        _rows(BF16, w, x, xs, out, r0, r1)
+
+
+@jit
+def _rows(kind, w, x, xs, out, r0, r1):
+    if x.shape[0] == 1:
+        matvec_rows(kind, w, x, xs, out[0], r0, r1)
+    else:
+        few_rows(kind, w, x, xs, out, r0, r1)
+
+
+@jit
+def accumulate(kind, acc, lo, hi, xl, xh, sm, j):
+    """acc + s_lo lo xl + s_hi hi xh, lane by lane; one multiply fewer where the two halves
+    share a scale (every kind but Q6_K)."""
+    s_lo, s_hi, _ = group_scales(kind, sm, j)
+    if kind == Q6_K:
+        return vfma(vsplat(s_lo), vmul(lo, xl), vfma(vsplat(s_hi), vmul(hi, xh), acc))
+    return vfma(vsplat(s_lo), vfma(lo, xl, vmul(hi, xh)), acc)
+
+
 @jit
 def matvec_rows(kind, w, x, xs, y, r0, r1):
-    """y[r] = w[r] . x[0] for rows r0..r1; x [1, cols], xs its group sums, y [rows] (or a row of
-    the output). Two rows per pass share the loads of x; while it reads them, one prefetch per
-    group walks the next pass's bytes (rows are contiguous), so DRAM streams ahead of use."""
+    """y[r] = w[r] . x[0] for rows r0..r1: two rows per pass share the loads of x, 16-lane
+    accumulators stay in registers and are summed once per row, and the offsets add up as
+    sum(m * sum of x's group). While a pass reads its rows, one prefetch per group walks the
+    next pass's bytes (rows are contiguous), so DRAM streams ahead of use."""
     f = w.reshape(-1)  # [rows * row_bytes]
     rb, n32, last = w.shape[1], xs.shape[1], f.shape[0] - 1
+    G, ub = unit_groups(kind), UNIT_BYTES[kind]
     step = 2 * rb // n32  # bytes of a pass per group
+    sa = nb.carray(stack_f32(16), 16)  # the two rows' unit scales
+    sc = nb.carray(stack_f32(16), 16)
     r = r0
     while r < r1:
         ra, rc = r * rb, min(r + 1, r1 - 1) * rb  # an odd last row is paired with itself
-        ahead = rc + rb
         a, c = vzero(), vzero()
-        ma, mc = np.float32(0.0), np.float32(0.0)
-        for g in range(n32):
-            p = ahead + g * step
-            prefetch(f, min(p, last))
-            if step > 64:  # F16/BF16 read two lines per group
-                prefetch(f, min(p + 64, last))
-            va, sa = dot_group(kind, f, ra, g, x, 32 * g, xs[0, g])
-            vc, sc = dot_group(kind, f, rc, g, x, 32 * g, xs[0, g])
-            a, c = vadd(a, va), vadd(c, vc)
-            ma, mc = ma + sa, mc + sc
-        y[r] = vsum(a) + ma
+        oa, oc = np.float32(0.0), np.float32(0.0)
+        for u in range(n32 // G):
+            unit_scales(kind, f, ra + u * ub, sa)
+            unit_scales(kind, f, rc + u * ub, sc)
+            for j in range(G):
+                g = u * G + j
+                p = rc + rb + g * step
+                prefetch(f, min(p, last))
+                if step > 64:  # F16/BF16 read two lines per group
+                    prefetch(f, min(p + 64, last))
+                xl, xh = vload(x, 32 * g), vload(x, 32 * g + 16)
+                lo, hi = unit_q(kind, f, ra + u * ub, j)
+                a = accumulate(kind, a, lo, hi, xl, xh, sa, j)
+                lo, hi = unit_q(kind, f, rc + u * ub, j)
+                c = accumulate(kind, c, lo, hi, xl, xh, sc, j)
+                oa += group_scales(kind, sa, j)[2] * xs[0, g]
+                oc += group_scales(kind, sc, j)[2] * xs[0, g]
+        y[r] = vsum(a) + oa
         if r + 1 < r1:
-            y[r + 1] = vsum(c) + mc
+            y[r + 1] = vsum(c) + oc
         r += 2
-
-
-# -- a few activation rows ---------------------------------------------------------------------------
-@inline
-def scaled_group(kind, f, ro, g):
-    """Group g's weights less their offset, s * lo and s * hi, and the offset m."""
-    lo, hi, s, m = group(kind, f, ro, g)
-    sv = vsplat(s)
-    return vmul(lo, sv), vmul(hi, sv), m
 
 
 @jit
@@ -172,59 +226,56 @@ def few_rows(kind, w, x, xs, out, r0, r1):
     """out[b, r] = w[r] . x[b] for rows r0..r1 and every row b of x [B, cols]: each group of a
     weight row decoded and scaled once for four activation rows (then two, then one)."""
     f = w.reshape(-1)
-    rb, n32, n = w.shape[1], xs.shape[1], x.shape[1]
-    B = x.shape[0]
+    rb, n32, n, B = w.shape[1], xs.shape[1], x.shape[1], x.shape[0]
+    G, ub = unit_groups(kind), UNIT_BYTES[kind]
+    sm = nb.carray(stack_f32(16), 16)
     for r in range(r0, r1):
-        ro = r * rb
         b = 0
-        while b + 4 <= B:
+        while b < B:
+            rows = 4 if b + 4 <= B else (2 if b + 2 <= B else 1)
             a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
             m0 = m1 = m2 = m3 = np.float32(0.0)
-            for g in range(n32):
-                lo, hi, m = scaled_group(kind, f, ro, g)
-                o = b * n + 32 * g
-                a0 = vfma(lo, vload(x, o), vfma(hi, vload(x, o + 16), a0))
-                a1 = vfma(lo, vload(x, o + n), vfma(hi, vload(x, o + n + 16), a1))
-                a2 = vfma(lo, vload(x, o + 2 * n), vfma(hi, vload(x, o + 2 * n + 16), a2))
-                a3 = vfma(lo, vload(x, o + 3 * n), vfma(hi, vload(x, o + 3 * n + 16), a3))
-                m0 += m * xs[b, g]
-                m1 += m * xs[b + 1, g]
-                m2 += m * xs[b + 2, g]
-                m3 += m * xs[b + 3, g]
-            out[b, r], out[b + 1, r] = vsum(a0) + m0, vsum(a1) + m1
-            out[b + 2, r], out[b + 3, r] = vsum(a2) + m2, vsum(a3) + m3
-            b += 4
-        if b + 2 <= B:
-            a0, a1 = vzero(), vzero()
-            m0 = m1 = np.float32(0.0)
-            for g in range(n32):
-                lo, hi, m = scaled_group(kind, f, ro, g)
-                o = b * n + 32 * g
-                a0 = vfma(lo, vload(x, o), vfma(hi, vload(x, o + 16), a0))
-                a1 = vfma(lo, vload(x, o + n), vfma(hi, vload(x, o + n + 16), a1))
-                m0 += m * xs[b, g]
-                m1 += m * xs[b + 1, g]
-            out[b, r], out[b + 1, r] = vsum(a0) + m0, vsum(a1) + m1
-            b += 2
-        if b < B:
-            a0 = vzero()
-            m0 = np.float32(0.0)
-            for g in range(n32):
-                v, s0 = dot_group(kind, f, ro, g, x, b * n + 32 * g, xs[b, g])
-                a0 = vadd(a0, v)
-                m0 += s0
+            for u in range(n32 // G):
+                o = r * rb + u * ub
+                unit_scales(kind, f, o, sm)
+                for j in range(G):
+                    g = u * G + j
+                    s_lo, s_hi, m = group_scales(kind, sm, j)
+                    lo, hi = unit_q(kind, f, o, j)
+                    lo, hi = vmul(lo, vsplat(s_lo)), vmul(hi, vsplat(s_hi))
+                    xo = b * n + 32 * g
+                    a0 = vfma(lo, vload(x, xo), vfma(hi, vload(x, xo + 16), a0))
+                    m0 += m * xs[b, g]
+                    if rows >= 2:
+                        a1 = vfma(lo, vload(x, xo + n), vfma(hi, vload(x, xo + n + 16), a1))
+                        m1 += m * xs[b + 1, g]
+                    if rows == 4:
+                        a2 = vfma(lo, vload(x, xo + 2 * n), vfma(hi, vload(x, xo + 2 * n + 16), a2))
+                        a3 = vfma(lo, vload(x, xo + 3 * n), vfma(hi, vload(x, xo + 3 * n + 16), a3))
+                        m2 += m * xs[b + 2, g]
+                        m3 += m * xs[b + 3, g]
             out[b, r] = vsum(a0) + m0
+            if rows >= 2:
+                out[b + 1, r] = vsum(a1) + m1
+            if rows == 4:
+                out[b + 2, r], out[b + 3, r] = vsum(a2) + m2, vsum(a3) + m3
+            b += rows
 
 
 # -- whole rows ----------------------------------------------------------------------------------------
-@inline
+@jit
 def dequant_row(kind, f, ro, n32, out, oo):
     """The row at byte ro as float32 into out.flat[oo:oo + 32 * n32]."""
-    for g in range(n32):
-        lo, hi, s, m = group(kind, f, ro, g)
-        sv, mv = vsplat(s), vsplat(m)
-        vstore(out, oo + 32 * g, vfma(lo, sv, mv))
-        vstore(out, oo + 32 * g + 16, vfma(hi, sv, mv))
+    G, ub = unit_groups(kind), UNIT_BYTES[kind]
+    sm = nb.carray(stack_f32(16), 16)
+    for u in range(n32 // G):
+        unit_scales(kind, f, ro + u * ub, sm)
+        for j in range(G):
+            s_lo, s_hi, m = group_scales(kind, sm, j)
+            lo, hi = unit_q(kind, f, ro + u * ub, j)
+            o = oo + 32 * (u * G + j)
+            vstore(out, o, vfma(lo, vsplat(s_lo), vsplat(m)))
+            vstore(out, o + 16, vfma(hi, vsplat(s_hi), vsplat(m)))
 
 
 @jit
@@ -284,10 +335,7 @@ def linear(kind, w, x, out, tile):
         return
     xs = np.empty((B, x.shape[1] // 32), np.float32)
     group_sums(x, xs)
-    if B == 1:
-        matvec_rows(kind, w, x, xs, out[0], 0, rows)
-    else:
-        few_rows(kind, w, x, xs, out, 0, rows)
+    rows_kernel(kind, w, x, xs, out, 0, rows)
 
 
 # -- parallel drivers (the pool backend): one launch, rows split across Numba's OpenMP team ----------
@@ -313,11 +361,7 @@ def linear_par(kind, w, x, out, tile, chunks):
     xs = np.empty((B, n // 32), np.float32)
     group_sums(x, xs)
     for c in nb.prange(chunks):
-        r0, r1 = _bounds(rows, c, chunks, 2), _bounds(rows, c + 1, chunks, 2)
-        if B == 1:
-            matvec_rows(kind, w, x, xs, out[0], r0, r1)
-        else:
-            few_rows(kind, w, x, xs, out, r0, r1)
+        rows_kernel(kind, w, x, xs, out, _bounds(rows, c, chunks, 2), _bounds(rows, c + 1, chunks, 2))
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
@@ -338,10 +382,7 @@ def linear_many_par(kinds, ws, x, outs, chunks):
             rows = ws[k].shape[0]
             r0, r1 = max(lo - start, 0), min(hi - start, rows)
             if r0 < r1:
-                if B == 1:
-                    matvec_rows(kinds[k], ws[k], x, xs, outs[k][0], r0, r1)
-                else:
-                    few_rows(kinds[k], ws[k], x, xs, outs[k], r0, r1)
+                rows_kernel(kinds[k], ws[k], x, xs, outs[k], r0, r1)
             start += rows
 
 
