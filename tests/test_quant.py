@@ -116,6 +116,16 @@ def test_linear_many_fuses_mixed_types(ops):
             assert_rounding_close(got, x, w)
 
 
+def test_linear_rejects_a_mismatched_width(ops):
+    """The kernels read without bounds checks, so the width is checked before any launch."""
+    w = ops.weight(random_blocks("Q4_0", 4, 64))
+    x = np.ones((1, 32), dtype=np.float32)
+    with pytest.raises(ValueError, match="32 columns, the weight 64"):
+        ops.linear(x, w)
+    with pytest.raises(ValueError, match="32 columns"):
+        ops.linear_many(x, [w, w])
+
+
 def test_weight_keeps_the_blocks_in_place(ops):
     """A read-only view (a memory-mapped file) is used as is; a writable one gets a read-only
     view of the same memory, never a copy; float32 memmap-like views are not copied either."""

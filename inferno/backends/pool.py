@@ -33,7 +33,7 @@ import numpy as np
 from inferno.backends import kernels as K
 from inferno.backends import qkernels as Q
 from inferno.backends.quant import QuantTensor
-from inferno.backends.simd import SimdBackend, contiguous, prefill_tile, token_ids
+from inferno.backends.simd import SimdBackend, check_width, contiguous, prefill_tile, token_ids
 from inferno.errors import InfernoError
 
 _LAUNCH = threading.Lock()  # NOTE: process-wide, like Numba's worker team it guards
@@ -157,6 +157,7 @@ class PoolBackend(SimdBackend):
         x = contiguous(x)
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
         if isinstance(w, QuantTensor):
+            check_width(x, w)
             kind, tile = Q.KINDS[w.qtype.name], prefill_tile(w.shape[1])
             if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
                 Q.linear(kind, w.data, x, out, tile)
@@ -173,17 +174,28 @@ class PoolBackend(SimdBackend):
 
     def linear_many(self, x, ws):
         """One launch over all the weights' rows (q/k/v, gate/up) when they are all quantized and
-        x has at most Q.FEW_MAX rows; otherwise one linear per weight."""
+        x has at most Q.FEW_MAX rows, into one buffer whose column ranges are returned (views;
+        contiguous when x has one row); otherwise one linear per weight. (Decode calls this
+        60 times a token on SmolLM2: one pass over ws gathers everything the launch needs.)"""
         x = contiguous(x)
-        rows = x.shape[0]
-        if (self.threads == 1 or rows > Q.FEW_MAX
-                or not all(isinstance(w, QuantTensor) for w in ws)
-                or sum(w.shape[0] for w in ws) * x.size < self.parallel_min_elements):
+        rows, cols = x.shape
+        kinds, datas, total = [], [], 0
+        for w in ws:
+            if type(w) is not QuantTensor or rows > Q.FEW_MAX or self.threads == 1:
+                return [self.linear(x, w) for w in ws]
+            check_width(x, w)
+            kinds.append(Q.KINDS[w.qtype.name])
+            datas.append(w.data)
+            total += w.shape[0]
+        if total * x.size < self.parallel_min_elements:
             return [self.linear(x, w) for w in ws]
-        outs = tuple(np.empty((rows, w.shape[0]), dtype=np.float32) for w in ws)  # [rows, out]
-        kinds = np.array([Q.KINDS[w.qtype.name] for w in ws], dtype=np.int64)
-        self._launch(Q.linear_many_par, kinds, tuple(w.data for w in ws), x, outs, self.threads)
-        return list(outs)
+        out = np.empty((rows, total), dtype=np.float32)  # [rows, sum of outs]
+        self._launch(Q.linear_many_par, tuple(kinds), tuple(datas), x, out, self.threads)
+        views, start = [], 0
+        for w in ws:
+            views.append(out[:, start:start + w.shape[0]])
+            start += w.shape[0]
+        return views
 
     def embedding(self, table, ids):
         if not isinstance(table, QuantTensor):

@@ -135,41 +135,43 @@ def group_sums(x, xs):
 
 # -- decode and a few activation rows ------------------------------------------------------------------
 @jit
-def rows_kernel(kind, w, x, xs, out, r0, r1):
-    """out[:, r0:r1] = x @ w[r0:r1].T for x [B <= FEW_MAX, cols], xs its group sums.
+def rows_kernel(kind, w, x, xs, out, col, r0, r1):
+    """out[:, col + r0:col + r1] = x @ w[r0:r1].T for x [B <= FEW_MAX, cols], xs its group sums
+    (col: where this weight's outputs start, in a buffer several weights share).
 
     Each kind gets its own compiled loops: a global constant passed to a jitted function is
     typed as a literal, so `_rows(Q8_0, ...)` compiles a copy in which every branch on the kind
-    folds away (nb.literal_unroll over the codes did not: it compiled one int64 copy). A switch on the kind inside the loops cost 5-30% of the matvec (Q5_0 11 -> 14
-    Gw/s in cache, one core) and 2-3x of few_rows."""
+    folds away (nb.literal_unroll over the codes did not: it compiled one int64 copy). A switch
+    on the kind inside the loops cost 5-30% of the matvec (Q5_0 11 -> 14 Gw/s in cache, one
+    core) and 2-3x of few_rows."""
     if kind == Q8_0:
-        _rows(Q8_0, w, x, xs, out, r0, r1)
+        _rows(Q8_0, w, x, xs, out, col, r0, r1)
     elif kind == Q4_0:
-        _rows(Q4_0, w, x, xs, out, r0, r1)
+        _rows(Q4_0, w, x, xs, out, col, r0, r1)
     elif kind == Q4_1:
-        _rows(Q4_1, w, x, xs, out, r0, r1)
+        _rows(Q4_1, w, x, xs, out, col, r0, r1)
     elif kind == Q5_0:
-        _rows(Q5_0, w, x, xs, out, r0, r1)
+        _rows(Q5_0, w, x, xs, out, col, r0, r1)
     elif kind == Q5_1:
-        _rows(Q5_1, w, x, xs, out, r0, r1)
+        _rows(Q5_1, w, x, xs, out, col, r0, r1)
     elif kind == Q4_K:
-        _rows(Q4_K, w, x, xs, out, r0, r1)
+        _rows(Q4_K, w, x, xs, out, col, r0, r1)
     elif kind == Q5_K:
-        _rows(Q5_K, w, x, xs, out, r0, r1)
+        _rows(Q5_K, w, x, xs, out, col, r0, r1)
     elif kind == Q6_K:
-        _rows(Q6_K, w, x, xs, out, r0, r1)
+        _rows(Q6_K, w, x, xs, out, col, r0, r1)
     elif kind == F16:
-        _rows(F16, w, x, xs, out, r0, r1)
+        _rows(F16, w, x, xs, out, col, r0, r1)
     else:
-        _rows(BF16, w, x, xs, out, r0, r1)
+        _rows(BF16, w, x, xs, out, col, r0, r1)
 
 
 @jit
-def _rows(kind, w, x, xs, out, r0, r1):
+def _rows(kind, w, x, xs, out, col, r0, r1):
     if x.shape[0] == 1:
-        matvec_rows(kind, w, x, xs, out[0], r0, r1)
+        matvec_rows(kind, w, x, xs, out[0, col:], r0, r1)
     else:
-        few_rows(kind, w, x, xs, out, r0, r1)
+        few_rows(kind, w, x, xs, out[:, col:], r0, r1)
 
 
 @jit
@@ -335,7 +337,7 @@ def linear(kind, w, x, out, tile):
         return
     xs = np.empty((B, x.shape[1] // 32), np.float32)
     group_sums(x, xs)
-    rows_kernel(kind, w, x, xs, out, 0, rows)
+    rows_kernel(kind, w, x, xs, out, 0, 0, rows)
 
 
 # -- parallel drivers (the pool backend): one launch, rows split across Numba's OpenMP team ----------
@@ -361,20 +363,19 @@ def linear_par(kind, w, x, out, tile, chunks):
     xs = np.empty((B, n // 32), np.float32)
     group_sums(x, xs)
     for c in nb.prange(chunks):
-        rows_kernel(kind, w, x, xs, out, _bounds(rows, c, chunks, 2), _bounds(rows, c + 1, chunks, 2))
+        rows_kernel(kind, w, x, xs, out, 0, _bounds(rows, c, chunks, 2), _bounds(rows, c + 1, chunks, 2))
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_many_par(kinds, ws, x, outs, chunks):
-    """[x @ w.T for w in ws] in one launch, for B <= FEW_MAX rows of x: the weights' rows, taken
-    end to end as one range, split into `chunks` pieces (a piece may span two weights). Weights
-    may differ in kind and rows; they share cols, so a row costs about the same in any."""
+def linear_many_par(kinds, ws, x, out, chunks):
+    """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
+    B <= FEW_MAX rows of x: the weights' rows, taken end to end as one range, split into
+    `chunks` pieces (a piece may span two weights). The weights may differ in kind and rows;
+    they share cols, so a row costs about the same in any."""
     B, n = x.shape[0], x.shape[1]
     xs = np.empty((B, n // 32), np.float32)
     group_sums(x, xs)
-    total = 0
-    for k in range(len(ws)):
-        total += ws[k].shape[0]
+    total = out.shape[1]
     for c in nb.prange(chunks):
         lo, hi = _bounds(total, c, chunks, 2), _bounds(total, c + 1, chunks, 2)
         start = 0
@@ -382,7 +383,7 @@ def linear_many_par(kinds, ws, x, outs, chunks):
             rows = ws[k].shape[0]
             r0, r1 = max(lo - start, 0), min(hi - start, rows)
             if r0 < r1:
-                rows_kernel(kinds[k], ws[k], x, xs, outs[k], r0, r1)
+                rows_kernel(kinds[k], ws[k], x, xs, out, start, r0, r1)
             start += rows
 
 

@@ -70,6 +70,12 @@ def prefill_tile(cols: int) -> int:
     return min(1024, max(64, (1 << 20) // cols))
 
 
+def check_width(x, w: QuantTensor) -> None:
+    """The quantized kernels index without bounds checks: x must be as wide as w's rows."""
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} columns, the weight {w.shape[1]}")
+
+
 def token_ids(ids, vocab: int) -> np.ndarray:
     """ids as int64, each checked against the table (the kernels index without checks)."""
     ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
@@ -113,6 +119,7 @@ class SimdBackend(Backend):
         x = contiguous(x)
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
         if isinstance(w, QuantTensor):
+            check_width(x, w)
             Q.linear(Q.KINDS[w.qtype.name], w.data, x, out, prefill_tile(w.shape[1]))
         elif x.shape[0] == 1:
             K.matvec(w, x[0], out[0], 0, w.shape[0])
