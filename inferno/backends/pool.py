@@ -162,6 +162,9 @@ class PoolBackend(SimdBackend):
             if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
                 Q.linear(kind, w.data, x, out, tile)
             else:
+                # Prefill splits tiles of rows: at least one per thread (SmolLM2's 576 rows
+                # would otherwise be one tile, on one thread).
+                tile = min(tile, -(-w.shape[0] // self.threads))
                 self._launch(Q.linear_par, kind, w.data, x, out, tile, self.threads)
         elif x.shape[0] == 1:
             if self.threads == 1 or w.size < self.parallel_min_elements:
