@@ -201,17 +201,38 @@ def vnib(typingctx, f, o, shift):
     return f32x16(f, types.intp, shift), codegen
 
 
+def _mask_registers() -> bool:
+    """Whether the code Numba compiles targets AVX-512 (its mask registers), by the feature
+    string Numba itself uses (NUMBA_CPU_FEATURES, else the host's). Numba's cache is keyed on
+    the target too, so code chosen by this is never run on a machine without."""
+    from numba.core import config
+    from numba.core.codegen import get_host_cpu_features
+
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return "+avx512f" in features.split(",")
+
+
 @intrinsic
 def vnib5(typingctx, f, o, shift, qh, bit0):
     """16 five-bit values of Q5_0/Q5_1: the nibble as vnib, plus bit (bit0 + lane) of the uint32
-    qh as the fifth bit (tested against a mask and selected: one op fewer than shifting)."""
+    qh as the fifth bit; bit0 (0 or 16) a literal. With AVX-512, qh is taken as 32 one-bit lanes
+    that move into a mask register whole (in cache, one core: Q5_0 12.9 -> 14.3 Gw/s); without,
+    that is scalar code (2.7 Gw/s with AVX2), so each lane tests its bit against a constant."""
+    if not isinstance(bit0, types.IntegerLiteral):
+        return None
+    first = bit0.literal_value
+
     def codegen(context, builder, sig, args):
         low = _nibbles(context, builder, sig, args)
-        qh = _splat(builder, _as_i32(context, builder, args[3], sig.args[3]), _I32)
-        first = _splat(builder, _as_i32(context, builder, args[4], sig.args[4]), _I32)
-        lane = ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES)))
-        mask = builder.shl(_vec(LANES, 1), builder.add(first, lane))
-        set_ = builder.icmp_unsigned("!=", builder.and_(qh, mask), _vec(LANES, 0))
+        qh = _as_i32(context, builder, args[3], sig.args[3])
+        lanes = list(range(first, first + LANES))
+        if _mask_registers():
+            bits = builder.bitcast(qh, ir.VectorType(ir.IntType(1), 32))
+            set_ = builder.shuffle_vector(bits, ir.Constant(bits.type, ir.Undefined),
+                                          ir.Constant(ir.VectorType(_I32, LANES), lanes))
+        else:
+            mask = ir.Constant(ir.VectorType(_I32, LANES), [1 << b for b in lanes])
+            set_ = builder.icmp_unsigned("!=", builder.and_(_splat(builder, qh, _I32), mask), _vec(LANES, 0))
         return builder.uitofp(builder.or_(low, builder.select(set_, _vec(LANES, 16), _vec(LANES, 0))), _VF)
     return f32x16(f, types.intp, shift, qh, bit0), codegen
 
