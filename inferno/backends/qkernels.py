@@ -142,7 +142,7 @@ def rows_kernel(kind, w, x, xs, out, col, r0, r1):
     Each kind gets its own compiled loops: a global constant passed to a jitted function is
     typed as a literal, so `_rows(Q8_0, ...)` compiles a copy in which every branch on the kind
     folds away (nb.literal_unroll over the codes did not: it compiled one int64 copy). A switch
-    on the kind inside the loops cost 5-30% of the matvec (Q5_0 11 -> 14 Gw/s in cache, one
+    on the kind inside the loops cost 5-30% of the matvec (Q5_0 11 -> 13.7 Gw/s in cache, one
     core) and 2-3x of few_rows."""
     if kind == Q8_0:
         _rows(Q8_0, w, x, xs, out, col, r0, r1)
@@ -382,10 +382,10 @@ def linear_par(kind, w, x, out, tile, chunks):
     B, rows, n = x.shape[0], w.shape[0], x.shape[1]
     if B > FEW_MAX:
         tiles = (rows + tile - 1) // tile
+        scratch = np.empty((chunks, tile * n + B * tile), np.float32)  # one per thread
         for c in nb.prange(chunks):
-            scratch = np.empty(tile * n + B * tile, np.float32)
             t0, t1 = _bounds(tiles, c, chunks, 1), _bounds(tiles, c + 1, chunks, 1)
-            prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch)
+            prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch[c])
         return
     xs = np.empty((B, n // 32), np.float32)
     group_sums(x, xs)
