@@ -18,9 +18,13 @@ import sys
 import numpy as np
 
 from inferno.backends import cache_types
+from inferno.backends.quant import QuantTensor
 
 # Keys per streamed K/V tile (and query rows per block) in the flash defaults.
 TILE = 64
+
+# Weights per dequantised tile in the reference's quantized linear (16 MiB of float32).
+QUANT_TILE = 1 << 22
 
 # Every operation the model may call; the tracing backend times exactly these.
 OPS = (
@@ -48,9 +52,15 @@ class Backend:
         """A float32 host array as this backend's tensor (for weights and activations)."""
         return np.ascontiguousarray(a, dtype=np.float32)
 
-    def weight(self, w: np.ndarray):
-        """A `[out, in]` linear weight, stored in the layout this backend's linear reads fastest."""
-        return self.from_numpy(w)
+    def weight(self, w):
+        """A `[out, in]` linear or embedding weight, float32 or a QuantTensor, stored as this
+        backend multiplies it fastest. Here: kept as given (a read-only memory-mapped view stays
+        one, a QuantTensor stays quantized)."""
+        return w if isinstance(w, QuantTensor) else self.from_numpy(w)
+
+    def weight_nbytes(self, w) -> int:
+        """Bytes of `w` (as weight() returned it) that one decode step reads."""
+        return w.nbytes
 
     def to_numpy(self, x) -> np.ndarray:
         return np.asarray(x, dtype=np.float32)
@@ -80,11 +90,23 @@ class Backend:
     # -- dense ops ------------------------------------------------------------------------------
     def embedding(self, table, ids: np.ndarray):
         """Rows of `table` [vocab, hidden] for token `ids` -> [len(ids), hidden]."""
-        return table[np.asarray(ids, dtype=np.int64)]
+        ids = np.asarray(ids, dtype=np.int64)
+        if isinstance(table, QuantTensor):
+            return table.take_rows(ids).dequantize()  # just the rows asked for
+        return table[ids]
 
     def linear(self, x, w):
-        """x [rows, in] @ w.T for w [out, in] -> [rows, out]; a matvec when rows == 1."""
-        return x @ w.T
+        """x [rows, in] @ w.T for w [out, in] -> [rows, out]; a matvec when rows == 1. A
+        QuantTensor is dequantised QUANT_TILE weights at a time, so memory stays bounded."""
+        if not isinstance(w, QuantTensor):
+            return x @ w.T
+        rows, cols = w.shape
+        out = np.empty((x.shape[0], rows), dtype=np.float32)  # [rows of x, out]
+        step = max(1, QUANT_TILE // cols)
+        for r0 in range(0, rows, step):
+            r1 = min(r0 + step, rows)
+            out[:, r0:r1] = x @ w.dequantize(r0, r1).T
+        return out
 
     def linear_many(self, x, ws):
         """[linear(x, w) for w in ws]: several weights applied to one input (q/k/v, gate/up), which

@@ -33,7 +33,9 @@ import numpy as np
 
 from inferno.backends import kernels as K
 from inferno.backends import kv_kernels as KV
-from inferno.backends.simd import SimdBackend, contiguous
+from inferno.backends import qkernels as Q
+from inferno.backends.quant import QuantTensor
+from inferno.backends.simd import SimdBackend, check_width, contiguous, prefill_tile, token_ids
 from inferno.errors import InfernoError
 
 _LAUNCH = threading.Lock()  # NOTE: process-wide, like Numba's worker team it guards
@@ -161,13 +163,60 @@ class PoolBackend(SimdBackend):
     def linear(self, x, w):
         x = contiguous(x)
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
-        if x.shape[0] == 1:
+        if isinstance(w, QuantTensor):
+            check_width(x, w)
+            kind, tile = Q.KINDS[w.qtype.name], prefill_tile(w.shape[1])
+            if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
+                Q.linear(kind, w.data, x, out, tile)
+            else:
+                # Prefill splits tiles of rows: at least one per thread (SmolLM2's 576 rows
+                # would otherwise be one tile, on one thread).
+                tile = min(tile, -(-w.shape[0] // self.threads))
+                self._launch(Q.linear_par, kind, w.data, x, out, tile, self.threads)
+        elif x.shape[0] == 1:
             if self.threads == 1 or w.size < self.parallel_min_elements:
                 K.matvec(w, x[0], out[0], 0, w.shape[0])
             else:
                 self._launch(_matvec, w, x[0], out[0], self.threads)
         else:
             self._rowwise(K.gemm_rows, _gemm, out.size * x.shape[1], out, x, w.T)
+        return out
+
+    def linear_many(self, x, ws):
+        """One launch over all the weights' rows (q/k/v, gate/up) when they are all quantized and
+        x has at most Q.FEW_MAX rows, into one buffer whose column ranges are returned (views;
+        contiguous when x has one row); otherwise one linear per weight. (Decode calls this
+        60 times a token on SmolLM2: one pass over ws gathers everything the launch needs.)"""
+        x = contiguous(x)
+        rows, cols = x.shape
+        kinds, datas, total = [], [], 0
+        for w in ws:
+            if type(w) is not QuantTensor or rows > Q.FEW_MAX or self.threads == 1:
+                return [self.linear(x, w) for w in ws]
+            check_width(x, w)
+            kinds.append(Q.KINDS[w.qtype.name])
+            datas.append(w.data)
+            total += w.shape[0]
+        if total * x.size < self.parallel_min_elements:
+            return [self.linear(x, w) for w in ws]
+        out = np.empty((rows, total), dtype=np.float32)  # [rows, sum of outs]
+        self._launch(Q.linear_many_par, tuple(kinds), tuple(datas), x, out, self.threads)
+        views, start = [], 0
+        for w in ws:
+            views.append(out[:, start:start + w.shape[0]])
+            start += w.shape[0]
+        return views
+
+    def embedding(self, table, ids):
+        if not isinstance(table, QuantTensor):
+            return super().embedding(table, ids)
+        ids = token_ids(ids, table.shape[0])
+        out = np.empty((len(ids), table.shape[1]), dtype=np.float32)  # [len(ids), hidden]
+        kind = Q.KINDS[table.qtype.name]
+        if self.threads == 1 or out.size < self.parallel_min_elements:
+            Q.embed_rows(kind, table.data, ids, out, 0, len(ids))
+        else:
+            self._launch(Q.embed_par, kind, table.data, ids, out, min(self.threads, len(ids)))
         return out
 
     def matmul(self, a, b):

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from inferno.backends.base import Backend, check_decode, check_window, score_scale
+from inferno.backends.quant import QuantTensor
 from inferno.errors import InfernoError
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -80,17 +81,38 @@ class TorchBackend(Backend):
         self._last = (None, None)  # (host array, device tensor): tied embeddings convert once
 
     # -- tensors at the edges ------------------------------------------------------------------
-    def from_numpy(self, a: np.ndarray):
+    def from_numpy(self, a):
+        """A float32 host array, or a QuantTensor dequantised once (weights stay at this
+        backend's dtype: its matmuls are the fast unit, not the bytes read)."""
         if a is self._last[0]:
             # lm_head tied to embed_tokens: the same host array twice in a row, one device copy.
             return self._last[1]
-        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-        t = t.to(device=self.device, dtype=self.dtype)
+        if isinstance(a, QuantTensor):
+            t = self._dequantized(a)
+        else:
+            t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+            t = t.to(device=self.device, dtype=self.dtype)
         self._last = (a, t)
         return t
 
-    def weight(self, w: np.ndarray):
+    def weight(self, w):
         return self.from_numpy(w)  # [out, in] is what F.linear reads
+
+    def weight_nbytes(self, w) -> int:
+        return w.numel() * w.element_size()
+
+    def _dequantized(self, w: QuantTensor):
+        """w at this backend's dtype, dequantised a tile of rows at a time (host memory stays
+        bounded by one tile, the whole tensor exists only at the target dtype)."""
+        from inferno.backends.qkernels import dequantize
+
+        rows, cols = w.shape
+        out = torch.empty(rows, cols, dtype=self.dtype, device=self.device)
+        step = max(1, (1 << 22) // cols)
+        for r0 in range(0, rows, step):
+            r1 = min(r0 + step, rows)
+            out[r0:r1] = torch.from_numpy(dequantize(w, r0, r1)).to(device=self.device, dtype=self.dtype)
+        return out
 
     def to_numpy(self, x) -> np.ndarray:
         return x.detach().to(torch.float32).cpu().numpy()

@@ -1,0 +1,485 @@
+"""Numba kernels that multiply GGML-quantized weights in place (see quant.py for the format).
+
+A weight is its uint8 `[rows, row_bytes]` blocks, read where they lie (usually a read-only view
+of the memory-mapped file) and never copied. Every kind is read the same way: a row is a run of
+units (a block of 32 weights, or a K-quant super-block of eight groups of 32) whose scales are
+decoded once (`unit_scales`); each group of 32 weights is two 16-lane halves of small integers
+(`unit_q`), so that weight = s * q + m with the group's scales and offset (`group_scales`).
+Kernels differ only in what they do with a group (vectors: lanes.py):
+
+- decode (`matvec_rows`): one activation row, two weight rows per pass sharing each load of x,
+  16-lane accumulators in registers reduced once per row, and sum(s * (q . x)) + sum(m * sum(x))
+  so the offset costs one scalar multiply-add per group;
+- a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
+  row decoded once for up to four activation rows;
+- prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
+- embedding (`embed_rows`): whole rows dequantised.
+
+Exactness: a group's products s * q are exact in float32 (an 11-bit half times integers of at
+most 7 + 6 bits), so dequantised weights equal the gguf package's bit for bit, and the dot
+products differ from a float32 matmul of those weights only by summation order.
+
+NOTE: Numba's cache (cache=True) is keyed on this file alone: after editing lanes.py, delete
+__pycache__/qkernels.* or touch this file, or stale machine code runs.
+
+Row geometry: cols is a multiple of 32 (the quantized kinds' blocks are 32 or 256 weights; a
+F16/BF16 weight whose rows are not is kept as float32 by the backend instead).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from inferno.backends.kernels import FAST
+from inferno.backends.lanes import (
+    f16at, f16bits, prefetch, stack_f32, u32at, vadd, vbf16, vf16, vfma, vhalves, vi8, vkscales,
+    vload, vmul, vnib, vnib5, vnibhi, vsplat, vstore, vsum, vzero,
+)
+
+jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
+
+# Kernel codes, one per quant.QTYPES entry.
+F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = range(10)
+KINDS = {"F16": F16, "BF16": BF16, "Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0,
+         "Q5_1": Q5_1, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
+
+# Activation rows per call up to which `few_rows` beats dequantised tiles + sgemm.
+FEW_MAX = 16
+
+
+# -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
+K_GROUPS = 8
+UNIT_BYTES = (64, 64, 34, 18, 20, 22, 24, 144, 176, 210)  # per kernel code: F16 .. Q6_K
+
+
+@jit
+def unit_groups(kind):
+    return K_GROUPS if kind >= Q4_K else 1
+
+
+@jit
+def unit_scales(kind, f, o, sm):
+    """Decode the scales of the unit at byte o into sm (16 float32, see group_scales): once per
+    unit, so a K-quant super-block's packed 6-bit scales cost one vector unpack per 256 weights."""
+    if kind == Q4_K or kind == Q5_K:  # f16 d, f16 dmin, 12 bytes of 6-bit scales and mins
+        vstore(sm, 0, vmul(vkscales(f, o + 4), vhalves(f16at(f, o), -f16at(f, o + 2))))
+    elif kind == Q6_K:  # 16 int8 scales at 192, one per 16 weights, f16 d at 208
+        vstore(sm, 0, vmul(vi8(f, o + 192), vsplat(f16at(f, o + 208))))
+    elif kind == F16 or kind == BF16:
+        sm[0], sm[8] = 1.0, 0.0
+    else:
+        d = f16at(f, o)
+        sm[0] = d
+        if kind == Q4_1 or kind == Q5_1:
+            sm[8] = f16at(f, o + 2)
+        elif kind == Q4_0:
+            sm[8] = np.float32(-8.0) * d
+        elif kind == Q5_0:
+            sm[8] = np.float32(-16.0) * d
+        else:  # Q8_0
+            sm[8] = 0.0
+
+
+@jit
+def group_scales(kind, sm, j):
+    """(s_lo, s_hi, m): group j's weights are s_lo * lo + m (its first 16, lo from unit_q) and
+    s_hi * hi + m (its last 16). Q6_K has a scale per 16 weights and no offset; every other kind
+    one scale and one offset per group (sm[j], sm[8 + j])."""
+    if kind == Q6_K:
+        return sm[2 * j], sm[2 * j + 1], np.float32(0.0)
+    return sm[j], sm[j], sm[8 + j]
+
+
+@jit
+def unit_q(kind, f, o, j):
+    """Group j of the unit at byte o as two halves of 16 small integers (float32): (lo, hi)."""
+    if kind == Q8_0:  # f16 d, 32 x int8
+        return vi8(f, o + 2), vi8(f, o + 18)
+    if kind == Q4_0:  # f16 d, 16 bytes of nibbles: weight i low, i + 16 high
+        return vnib(f, o + 2, 0), vnib(f, o + 2, 4)
+    if kind == Q4_1:  # f16 d, f16 m, 16 bytes of nibbles
+        return vnib(f, o + 4, 0), vnib(f, o + 4, 4)
+    if kind == Q5_0:  # f16 d, uint32 of fifth bits, 16 bytes of nibbles
+        qh = u32at(f, o + 2)
+        return vnib5(f, o + 6, 0, qh, 0), vnib5(f, o + 6, 4, qh, 16)
+    if kind == Q5_1:  # f16 d, f16 m, uint32 of fifth bits, 16 bytes of nibbles
+        qh = u32at(f, o + 4)
+        return vnib5(f, o + 8, 0, qh, 0), vnib5(f, o + 8, 4, qh, 16)
+    if kind == Q4_K:  # 16 bytes of header, then 128 of nibbles: group j is bytes 32 * (j // 2)
+        q, shift = o + 16 + (j >> 1) * 32, (j & 1) * 4  # of those, low nibbles for even j
+        return vnib(f, q, shift), vnib(f, q + 16, shift)
+    if kind == Q5_K:  # as Q4_K after 32 bytes of fifth bits: weight i's is bit j of byte i
+        q, shift = o + 48 + (j >> 1) * 32, (j & 1) * 4
+        return vnibhi(f, q, shift, o + 16, j, 1, 0), vnibhi(f, q + 16, shift, o + 32, j, 1, 0)
+    if kind == Q6_K:
+        # 128 bytes of low nibbles, 64 of 2-bit highs; weight = scale * (q - 32). Group j: half
+        # h = j // 4 of the block (128 weights), quarter t; its nibbles are bytes 64h + 32 (t % 2),
+        # low ones for t < 2, its high bits bits 2t of bytes 32h of the highs.
+        h, t = j >> 2, j & 3
+        ql, qh, shift = o + 64 * h + 32 * (t & 1), o + 128 + 32 * h, (t >> 1) * 4
+        return (vnibhi(f, ql, shift, qh, 2 * t, 3, 32),
+                vnibhi(f, ql + 16, shift, qh + 16, 2 * t, 3, 32))
+    if kind == F16:
+        return vf16(f, o), vf16(f, o + 32)
+    return vbf16(f, o), vbf16(f, o + 32)  # BF16
+
+
+@jit
+def group_sums(x, xs):
+    """xs[b, g] = sum of x[b, 32g:32g + 32]: the factor of every group's offset m."""
+    for b in range(x.shape[0]):
+        for g in range(xs.shape[1]):
+            xs[b, g] = vsum(vadd(vload(x, b * x.shape[1] + 32 * g), vload(x, b * x.shape[1] + 32 * g + 16)))
+
+
+# -- decode and a few activation rows ------------------------------------------------------------------
+@jit
+def rows_kernel(kind, w, x, xs, out, col, r0, r1):
+    """out[:, col + r0:col + r1] = x @ w[r0:r1].T for x [B <= FEW_MAX, cols], xs its group sums
+    (col: where this weight's outputs start, in a buffer several weights share).
+
+    Each kind gets its own compiled loops: a global constant passed to a jitted function is
+    typed as a literal, so `_rows(Q8_0, ...)` compiles a copy in which every branch on the kind
+    folds away (nb.literal_unroll over the codes did not: it compiled one int64 copy). A switch
+    on the kind inside the loops cost 5-30% of the matvec (Q5_0 11 -> 13.7 Gw/s in cache, one
+    core) and 2-3x of few_rows."""
+    if kind == Q8_0:
+        _rows(Q8_0, w, x, xs, out, col, r0, r1)
+    elif kind == Q4_0:
+        _rows(Q4_0, w, x, xs, out, col, r0, r1)
+    elif kind == Q4_1:
+        _rows(Q4_1, w, x, xs, out, col, r0, r1)
+    elif kind == Q5_0:
+        _rows(Q5_0, w, x, xs, out, col, r0, r1)
+    elif kind == Q5_1:
+        _rows(Q5_1, w, x, xs, out, col, r0, r1)
+    elif kind == Q4_K:
+        _rows(Q4_K, w, x, xs, out, col, r0, r1)
+    elif kind == Q5_K:
+        _rows(Q5_K, w, x, xs, out, col, r0, r1)
+    elif kind == Q6_K:
+        _rows(Q6_K, w, x, xs, out, col, r0, r1)
+    elif kind == F16:
+        _rows(F16, w, x, xs, out, col, r0, r1)
+    else:
+        _rows(BF16, w, x, xs, out, col, r0, r1)
+
+
+@jit
+def _rows(kind, w, x, xs, out, col, r0, r1):
+    if x.shape[0] == 1:
+        matvec_rows(kind, w, x, xs, out[0, col:], r0, r1)
+    else:
+        few_rows(kind, w, x, xs, out[:, col:], r0, r1)
+
+
+@jit
+def accumulate(kind, acc, lo, hi, xl, xh, sm, j):
+    """acc + s_lo lo xl + s_hi hi xh, lane by lane; one multiply fewer where the two halves
+    share a scale (every kind but Q6_K)."""
+    s_lo, s_hi, _ = group_scales(kind, sm, j)
+    if kind == Q6_K:
+        return vfma(vsplat(s_lo), vmul(lo, xl), vfma(vsplat(s_hi), vmul(hi, xh), acc))
+    return vfma(vsplat(s_lo), vfma(lo, xl, vmul(hi, xh)), acc)
+
+
+@jit
+def paired(kind):
+    """Whether matvec_rows takes this kind's groups two at a time: Q5_K's and Q6_K's groups
+    share bytes in pairs (the low and high nibbles of the same 32; Q6_K's quarters t and t + 2
+    of a half, and their high bits), which LLVM then loads once, with constant shifts. In cache,
+    one core: Q5_K 10.1 -> 11.6 Gw/s, Q6_K 8.5 -> 9.5; Q4_K lost (14.3 -> 13.0), so it is not."""
+    return kind == Q5_K or kind == Q6_K
+
+
+@jit
+def group_pair(kind, i):
+    """Pair i's groups (ja, jb) of a paired kind's unit."""
+    if kind == Q6_K:
+        return 4 * (i >> 1) + (i & 1), 4 * (i >> 1) + (i & 1) + 2
+    return 2 * i, 2 * i + 1
+
+
+@jit
+def two_rows_group(kind, f, ua, uc, j, g, x, xs, sa, sc, a, c, ma, mc):
+    """Group j (g of the row) of the units at bytes ua and uc, against x: the accumulators
+    (a, c) and offset sums (ma, mc) of two rows, advanced."""
+    xl, xh = vload(x, 32 * g), vload(x, 32 * g + 16)
+    lo, hi = unit_q(kind, f, ua, j)
+    a = accumulate(kind, a, lo, hi, xl, xh, sa, j)
+    lo, hi = unit_q(kind, f, uc, j)
+    c = accumulate(kind, c, lo, hi, xl, xh, sc, j)
+    return a, c, ma + group_scales(kind, sa, j)[2] * xs[0, g], mc + group_scales(kind, sc, j)[2] * xs[0, g]
+
+
+@jit
+def matvec_rows(kind, w, x, xs, y, r0, r1):
+    """y[r] = w[r] . x[0] for rows r0..r1: two rows per pass share the loads of x, 16-lane
+    accumulators stay in registers and are summed once per row, and the offsets add up as
+    sum(m * sum of x's group). While a pass reads its rows, one prefetch per group walks the
+    next pass's bytes (rows are contiguous), so DRAM streams ahead of use."""
+    f = w.reshape(-1)  # [rows * row_bytes]
+    rb, n32 = w.shape[1], xs.shape[1]
+    G, ub = unit_groups(kind), UNIT_BYTES[kind]
+    step = 2 * rb // n32  # bytes of a pass per group
+    sa = nb.carray(stack_f32(16), 16)  # the two rows' unit scales
+    sc = nb.carray(stack_f32(16), 16)
+    r = r0
+    while r < r1:
+        ra, rc = r * rb, min(r + 1, r1 - 1) * rb  # an odd last row is paired with itself
+        a, c = vzero(), vzero()
+        ma, mc = np.float32(0.0), np.float32(0.0)
+        for u in range(n32 // G):
+            ua, uc = ra + u * ub, rc + u * ub
+            unit_scales(kind, f, ua, sa)
+            unit_scales(kind, f, uc, sc)
+            per = 2 if paired(kind) else 1
+            for i in range(G // per):
+                ja, jb = group_pair(kind, i) if per == 2 else (i, i)
+                p = rc + rb + (u * G + per * i) * step
+                prefetch(f, p)
+                if per * step > 64:  # two groups' worth, or F16/BF16's two lines a group
+                    prefetch(f, p + 64)
+                a, c, ma, mc = two_rows_group(kind, f, ua, uc, ja, u * G + ja, x, xs, sa, sc, a, c, ma, mc)
+                if per == 2:
+                    a, c, ma, mc = two_rows_group(kind, f, ua, uc, jb, u * G + jb, x, xs, sa, sc, a, c, ma, mc)
+        y[r] = vsum(a) + ma
+        if r + 1 < r1:
+            y[r + 1] = vsum(c) + mc
+        r += 2
+
+
+@jit
+def few_rows(kind, w, x, xs, out, r0, r1):
+    """out[b, r] = w[r] . x[b] for rows r0..r1 and every row b of x [B, cols]: each group of a
+    weight row decoded and scaled once for four activation rows (then two, then one)."""
+    f = w.reshape(-1)
+    rb, n32, n, B = w.shape[1], xs.shape[1], x.shape[1], x.shape[0]
+    G, ub = unit_groups(kind), UNIT_BYTES[kind]
+    sm = nb.carray(stack_f32(16), 16)
+    for r in range(r0, r1):
+        b = 0
+        while b < B:
+            rows = 4 if b + 4 <= B else (2 if b + 2 <= B else 1)
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            m0 = m1 = m2 = m3 = np.float32(0.0)
+            for u in range(n32 // G):
+                o = r * rb + u * ub
+                unit_scales(kind, f, o, sm)
+                for j in range(G):
+                    g = u * G + j
+                    s_lo, s_hi, m = group_scales(kind, sm, j)
+                    lo, hi = unit_q(kind, f, o, j)
+                    lo, hi = vmul(lo, vsplat(s_lo)), vmul(hi, vsplat(s_hi))
+                    xo = b * n + 32 * g
+                    a0 = vfma(lo, vload(x, xo), vfma(hi, vload(x, xo + 16), a0))
+                    m0 += m * xs[b, g]
+                    if rows >= 2:
+                        a1 = vfma(lo, vload(x, xo + n), vfma(hi, vload(x, xo + n + 16), a1))
+                        m1 += m * xs[b + 1, g]
+                    if rows == 4:
+                        a2 = vfma(lo, vload(x, xo + 2 * n), vfma(hi, vload(x, xo + 2 * n + 16), a2))
+                        a3 = vfma(lo, vload(x, xo + 3 * n), vfma(hi, vload(x, xo + 3 * n + 16), a3))
+                        m2 += m * xs[b + 2, g]
+                        m3 += m * xs[b + 3, g]
+            out[b, r] = vsum(a0) + m0
+            if rows >= 2:
+                out[b + 1, r] = vsum(a1) + m1
+            if rows == 4:
+                out[b + 2, r], out[b + 3, r] = vsum(a2) + m2, vsum(a3) + m3
+            b += rows
+
+
+# -- whole rows ----------------------------------------------------------------------------------------
+@jit
+def dequant_row(kind, f, ro, n32, out, oo):
+    """The row at byte ro as float32 into out.flat[oo:oo + 32 * n32]."""
+    G, ub = unit_groups(kind), UNIT_BYTES[kind]
+    sm = nb.carray(stack_f32(16), 16)
+    for u in range(n32 // G):
+        unit_scales(kind, f, ro + u * ub, sm)
+        for j in range(G):
+            s_lo, s_hi, m = group_scales(kind, sm, j)
+            lo, hi = unit_q(kind, f, ro + u * ub, j)
+            o = oo + 32 * (u * G + j)
+            vstore(out, o, vfma(lo, vsplat(s_lo), vsplat(m)))
+            vstore(out, o + 16, vfma(hi, vsplat(s_hi), vsplat(m)))
+
+
+@jit
+def dequant_rows(kind, w, out, r0, r1):
+    """out[:r1 - r0] = rows r0..r1 of w as float32; out [>= r1 - r0, cols]."""
+    f = w.reshape(-1)
+    n = out.shape[1]
+    for r in range(r0, r1):
+        dequant_row(kind, f, r * w.shape[1], n // 32, out, (r - r0) * n)
+
+
+def dequantize(w, r0: int, r1: int) -> np.ndarray:
+    """Rows r0..r1 of QuantTensor w as float32 [r1 - r0, cols]: equal to w.dequantize(r0, r1),
+    about a hundred times as fast (for backends that keep float weights)."""
+    out = np.empty((r1 - r0, w.shape[1]), dtype=np.float32)
+    if w.shape[1] % 32:
+        out[:] = w.dequantize(r0, r1)  # a 16-bit row not in whole groups (F16/BF16 only)
+    else:
+        dequant_rows(KINDS[w.qtype.name], w.data, out, r0, r1)
+    return out
+
+
+@jit
+def embed_rows(kind, w, ids, out, i0, i1):
+    """out[i] = row ids[i] of w as float32, for i in i0..i1."""
+    f = w.reshape(-1)
+    n = out.shape[1]
+    for i in range(i0, i1):
+        dequant_row(kind, f, ids[i] * w.shape[1], n // 32, out, i * n)
+
+
+@jit
+def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
+    """out[:, r0:r1] = x @ w[r0:r1].T through sgemm, dequantising `tile` rows at a time into
+    scratch [tile, cols] and the product into scratch's tail [tile * cols:] as [B, tile]."""
+    n, B = x.shape[1], x.shape[0]
+    rows = scratch[:tile * n].reshape((tile, n))
+    prod = scratch[tile * n:tile * n + B * tile].reshape((B, tile))
+    for t0 in range(r0, r1, tile):
+        t = min(tile, r1 - t0)
+        dequant_rows(kind, w, rows, t0, t0 + t)
+        if t == tile:
+            np.dot(x, rows.T, prod)
+            out[:, t0:t0 + t] = prod
+        else:
+            out[:, t0:t0 + t] = np.dot(x, rows[:t].T)
+
+
+# -- serial drivers (the simd backend) ----------------------------------------------------------------
+@jit
+def linear(kind, w, x, out, tile):
+    """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B."""
+    B, rows = x.shape[0], w.shape[0]
+    if B > FEW_MAX:
+        scratch = np.empty(tile * x.shape[1] + B * tile, np.float32)
+        prefill_rows(kind, w, x, out, 0, rows, tile, scratch)
+        return
+    xs = np.empty((B, x.shape[1] // 32), np.float32)
+    group_sums(x, xs)
+    rows_kernel(kind, w, x, xs, out, 0, 0, rows)
+
+
+# -- parallel drivers (the pool backend): one launch, rows split across Numba's OpenMP team ----------
+@nb.njit(cache=True, nogil=True, inline="always")
+def _bounds(n, c, chunks, align):
+    """Start of chunk c of `chunks` over n rows, on a multiple of `align` (pool.py's _bounds)."""
+    if c >= chunks:
+        return n
+    return (n * c // chunks) // align * align
+
+
+@nb.njit(parallel=True, cache=True, fastmath=FAST)
+def linear_par(kind, w, x, out, tile, chunks):
+    """`linear`, its rows split into `chunks` ranges, each on a thread of the team."""
+    B, rows, n = x.shape[0], w.shape[0], x.shape[1]
+    if B > FEW_MAX:
+        tiles = (rows + tile - 1) // tile
+        scratch = np.empty((chunks, tile * n + B * tile), np.float32)  # one per thread
+        for c in nb.prange(chunks):
+            t0, t1 = _bounds(tiles, c, chunks, 1), _bounds(tiles, c + 1, chunks, 1)
+            prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch[c])
+        return
+    xs = np.empty((B, n // 32), np.float32)
+    group_sums(x, xs)
+    for c in nb.prange(chunks):
+        rows_kernel(kind, w, x, xs, out, 0, _bounds(rows, c, chunks, 2), _bounds(rows, c + 1, chunks, 2))
+
+
+@nb.njit(parallel=True, cache=True, fastmath=FAST)
+def linear_many_par(kinds, ws, x, out, chunks):
+    """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
+    B <= FEW_MAX rows of x: the weights' rows, taken end to end as one range, split into
+    `chunks` pieces (a piece may span two weights). The weights may differ in kind and rows;
+    they share cols, so a row costs about the same in any."""
+    B, n = x.shape[0], x.shape[1]
+    xs = np.empty((B, n // 32), np.float32)
+    group_sums(x, xs)
+    total = out.shape[1]
+    for c in nb.prange(chunks):
+        lo, hi = _bounds(total, c, chunks, 2), _bounds(total, c + 1, chunks, 2)
+        start = 0
+        for k in range(len(ws)):
+            rows = ws[k].shape[0]
+            r0, r1 = max(lo - start, 0), min(hi - start, rows)
+            if r0 < r1:
+                rows_kernel(kinds[k], ws[k], x, xs, out, start, r0, r1)
+            start += rows
+
+
+@nb.njit(parallel=True, cache=True, fastmath=FAST)
+def embed_par(kind, w, ids, out, chunks):
+    for c in nb.prange(chunks):
+        embed_rows(kind, w, ids, out, _bounds(len(ids), c, chunks, 1), _bounds(len(ids), c + 1, chunks, 1))
+
+
+# -- quantizing float32 rows (quant.quantize), bit for bit as the gguf package does ----------------
+# No fastmath here: every rounding must be the one numpy makes.
+@nb.njit(cache=True, nogil=True)
+def _put_f16(out, r, o, v):
+    bits = f16bits(v)
+    out[r, o], out[r, o + 1] = bits & 255, bits >> 8
+
+
+@nb.njit(cache=True, nogil=True)
+def quantize_q8_0(w, out, r0, r1):
+    """Q8_0 blocks of float32 rows r0..r1 of w [rows, cols] into out [rows, cols // 32 * 34]:
+    d = max|x| / 127, q = x / d rounded half away from zero (gguf's np_roundf, step by step)."""
+    q = np.empty(32, np.float32)
+    for r in range(r0, r1):
+        for b in range(w.shape[1] // 32):
+            c = 32 * b
+            amax = np.float32(0.0)
+            for i in range(32):
+                amax = max(amax, abs(w[r, c + i]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            for i in range(32):
+                v = w[r, c + i] * inv
+                a = abs(v)
+                fl = np.floor(a)
+                q[i] = np.copysign(fl + np.floor(np.float32(2.0) * (a - fl)), v)
+            o = 34 * b
+            _put_f16(out, r, o, d)
+            for i in range(32):
+                out[r, o + 2 + i] = np.uint8(np.int8(q[i]))
+
+
+@nb.njit(cache=True, nogil=True)
+def quantize_q4_0(w, out, r0, r1):
+    """Q4_0 blocks of float32 rows r0..r1 of w [rows, cols] into out [rows, cols // 32 * 18]:
+    d = the weight of largest magnitude / -8, q = trunc(x / d + 8.5) clipped to 15."""
+    for r in range(r0, r1):
+        for b in range(w.shape[1] // 32):
+            x = w[r, 32 * b:32 * b + 32]
+            vmax, amax = np.float32(0.0), np.float32(-1.0)
+            for i in range(32):
+                if abs(x[i]) > amax:  # the first of equal magnitudes, as argmax
+                    amax, vmax = abs(x[i]), x[i]
+            d = vmax / np.float32(-8.0)
+            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            o = 18 * b
+            _put_f16(out, r, o, d)
+            for i in range(16):
+                lo = min(np.int64(np.trunc(x[i] * inv + np.float32(8.5))), 15)
+                hi = min(np.int64(np.trunc(x[i + 16] * inv + np.float32(8.5))), 15)
+                out[r, o + 2 + i] = lo | (hi << 4)
+
+
+@nb.njit(parallel=True, cache=True)
+def quantize_par(w, out, q8, chunks):
+    """quantize_q8_0 (q8) or quantize_q4_0 over all rows, split into chunks across threads."""
+    rows = w.shape[0]
+    for c in nb.prange(chunks):
+        r0, r1 = _bounds(rows, c, chunks, 1), _bounds(rows, c + 1, chunks, 1)
+        if q8:
+            quantize_q8_0(w, out, r0, r1)
+        else:
+            quantize_q4_0(w, out, r0, r1)
