@@ -12,7 +12,7 @@ import json
 import sys
 
 from inferno import __version__
-from inferno.backends import backend_names
+from inferno.backends import DEFAULT_BACKEND, backend_names
 from inferno.backends.base import CACHE_TYPES
 from inferno.errors import InfernoError
 from inferno.model.resolve import DEFAULT_MODEL
@@ -35,7 +35,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=DEFAULT_MODEL,
                    help="a model folder, a .gguf file, a hub id (Qwen/Qwen3-0.6B) or an alias "
                         "(see `inferno list`); aliases are fetched on first use")
-    p.add_argument("--backend", "-b", default="cpu", choices=backend_names(),
+    p.add_argument("--backend", "-b", default=DEFAULT_BACKEND, choices=backend_names(),
                    help="how every op runs")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="threads for the pool backend (default: the cores)")

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from inferno.backends import create_backend
+from inferno.backends import DEFAULT_BACKEND, create_backend
 from inferno.backends.base import CACHE_TYPES
 from inferno.backends.tracing import TracingBackend
 from inferno.errors import InfernoError
@@ -324,11 +324,12 @@ def check_cache_type(cache_type: str) -> str:
     return cache_type
 
 
-def load(model: str | None = None, backend: str = "cpu", *, flash: bool = True, trace: bool = False,
+def load(model: str | None = None, backend: str = DEFAULT_BACKEND, *, flash: bool = True, trace: bool = False,
          progress: bool | None = None, cache_type: str | None = None, ctx_size: int | None = None,
          **backend_options) -> Engine:
-    """Load `model` onto `backend` (cpu, simd, pool, torch, gpu). `model` is a folder, a .gguf
-    file, a hub id or an alias; None is the default model (smollm2-135m), fetched on first use.
+    """Load `model` onto `backend` (pool, the default; simd; cpu, the numpy reference; torch;
+    gpu). `model` is a folder, a .gguf file, a hub id or an alias; None is the default model
+    (smollm2-135m), fetched on first use.
     Backend options: threads (pool), device and dtype (torch). `flash=False` runs prefill with
     materialized scores; `trace=True` wraps the backend in the tracing backend
     (engine.ops.format_histogram()). `cache_type` stores the KV cache as f32, f16, bf16 or q8_0

@@ -27,7 +27,7 @@ def test_generate_streams_text_and_prints_stats(qwen3_dir):
         "Hello there", max_tokens=12, temperature=0.9, seed=5)
     assert p.stdout == want.text + "\n"
     lines = p.stderr.splitlines()
-    assert any(re.fullmatch(r"load: [\d.]+ s \(.+, cpu backend\)", ln) for ln in lines), p.stderr
+    assert any(re.fullmatch(r"load: [\d.]+ s \(.+, pool backend\)", ln) for ln in lines), p.stderr
     assert any(re.fullmatch(r"prefill: \d+ prompt tokens, time to first token [\d.]+ ms, [\d.]+ tokens/s", ln)
                for ln in lines), p.stderr
     cut = r" \(stopped at --max-tokens\)" if want.stop_reason == "length" else ""
@@ -107,8 +107,8 @@ BAD = {
     "max-tokens zero": (["-n", "0"], "--max-tokens must be at least 1"),
     "unknown backend": (["--backend", "quantum"], "invalid choice: 'quantum'"),
     "bad number": (["--temperature", "hot"], "invalid float value: 'hot'"),
-    "flag of another backend": (["--decode", "serial"], "--decode does not apply to backend 'cpu' (only to: gpu)"),
-    "threads off the pool": (["--threads", "2"], "--threads does not apply to backend 'cpu' (only to: pool)"),
+    "flag of another backend": (["--decode", "serial"], "--decode does not apply to backend 'pool' (only to: gpu)"),
+    "threads off the pool": (["-b", "cpu", "--threads", "2"], "--threads does not apply to backend 'cpu' (only to: pool)"),
 }
 
 

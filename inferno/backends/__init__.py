@@ -28,6 +28,11 @@ REGISTRY = {
 }
 
 
+# The fastest backend that needs nothing beyond the install: every core, kernels reading the
+# weights as stored. `cpu` is the reference the others are pinned to, not a default to run.
+DEFAULT_BACKEND = "pool"
+
+
 def backend_names() -> list[str]:
     return list(REGISTRY)
 
@@ -51,4 +56,4 @@ def create_backend(name: str, **options) -> Backend:
     return getattr(module, entry.cls)(**given)
 
 
-__all__ = ["OPS", "Backend", "REGISTRY", "backend_names", "create_backend"]
+__all__ = ["DEFAULT_BACKEND", "OPS", "Backend", "REGISTRY", "backend_names", "create_backend"]

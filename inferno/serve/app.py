@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
+from inferno.backends import DEFAULT_BACKEND
 from inferno.errors import InfernoError
 from inferno.serve.metrics import Metrics
 from inferno.serve.protocol import APIError, ChatRequest, CompletionRequest, Response, TokenText, usage
@@ -47,7 +48,7 @@ class ServerConfig:
     (default: the model's alias, or its file or folder name)."""
 
     model: str | None = None
-    backend: str = "cpu"
+    backend: str = DEFAULT_BACKEND
     backend_options: tuple[tuple[str, object], ...] = ()
     parallel: int = 4
     ctx_size: int | None = None
