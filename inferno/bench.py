@@ -96,11 +96,9 @@ class EngineRunner:
     """One of our backends behind the interface `measure` drives (peers implement it too):
     prefill(ids) and decode(first, n) return their own elapsed seconds, excluding set-up."""
 
-    def __init__(self, model, backend: str, flash: bool = True, cache_type: str | None = None,
-                 **options):
+    def __init__(self, model, backend: str, flash: bool = True, **options):
         from inferno.engine import load
-        self.engine = load(model, backend=backend, flash=flash, progress=False,
-                           cache_type=cache_type, **options)
+        self.engine = load(model, backend=backend, flash=flash, progress=False, **options)
         self.model_name = model_label(model)
         self.weight_type = self.engine.weight_type
         self.backend = backend
@@ -186,9 +184,10 @@ def _log(message: str) -> None:
 
 def run(model, backends: list[str], *, flash: list[bool] = (True,), n_prompts=(512,),
         n_gens=(128,), reps: int = 5, seed: int = 0, isolate: bool = True,
-        backend_options: dict | None = None, cache_type: str | None = None) -> list[Row]:
+        backend_options: dict | None = None, load_options: dict | None = None) -> list[Row]:
     """Every backend x flash setting on one model. `backend_options` (threads, device, dtype) go
-    to the backends that take them and are left out for the others; `cache_type` to all."""
+    to the backends that take them and are left out for the others; `load_options`
+    (cache_type, weights: load()'s) to all."""
     from inferno.backends import REGISTRY
     from inferno.errors import InfernoError
 
@@ -205,7 +204,7 @@ def run(model, backends: list[str], *, flash: list[bool] = (True,), n_prompts=(5
                    if v is not None and k in REGISTRY[backend].options}
         for fl in flash:
             kw = {"n_prompts": list(n_prompts), "n_gens": list(n_gens), "reps": reps, "seed": seed}
-            options["cache_type"] = cache_type
+            options.update((k, v) for k, v in (load_options or {}).items() if v is not None)
             if isolate:
                 rows += measure_isolated(EngineRunner, model, backend, fl, **options, **kw)
             else:

@@ -14,6 +14,7 @@ import sys
 from inferno import __version__
 from inferno.backends import DEFAULT_BACKEND, backend_names
 from inferno.backends.base import CACHE_TYPES
+from inferno.backends.quant import QUANTIZERS
 from inferno.errors import InfernoError
 from inferno.model.resolve import DEFAULT_MODEL
 from inferno.model.sampling import SAMPLING_FIELDS, SamplingParams
@@ -49,6 +50,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="gpu backend: prefill attention path (default: sdpa)")
     p.add_argument("--flash", default="on", choices=["on", "off"],
                    help="off: prefill with materialized attention scores (for comparison)")
+    p.add_argument("--weights", default=None, choices=QUANTIZERS,
+                   help="quantize the float weights at load (a Hugging Face folder's bf16, say); "
+                        "a GGUF's quantized blocks stay as stored (default: as the file has them)")
     p.add_argument("--cache-type", default=None, choices=CACHE_TYPES,
                    help="KV cache element type (default: f16 on simd and pool, f32 on cpu, the "
                         "dtype on torch and gpu)")
@@ -186,7 +190,8 @@ def load_engine(args, trace: bool = False):
     """Load, then print the load line and the sampling defaults in force (and their source)."""
     from inferno.engine import load
     engine = load(args.model, backend=args.backend, flash=args.flash == "on", trace=trace,
-                  cache_type=args.cache_type, ctx_size=args.ctx_size, **backend_options(args))
+                  cache_type=args.cache_type, ctx_size=args.ctx_size, weights=args.weights,
+                  **backend_options(args))
     print(f"load: {engine.load_s:.2f} s ({engine.source}, {engine.backend} backend)", file=sys.stderr)
     print(f"sampling: {as_flags(engine.sampling.describe())}", file=sys.stderr)
     return engine
@@ -321,7 +326,8 @@ def cmd_bench(args) -> int:
     rows = bench.run(args.model, bench.parse_names(getattr(args, "backend", ["cpu,simd,pool"])),
                      flash=bench.parse_flash(args.flash), n_prompts=bench.parse_sizes(args.n_prompt, "-p"),
                      n_gens=bench.parse_sizes(args.n_gen, "-n"), reps=args.repetitions, seed=args.seed,
-                     backend_options=backend_options(args), cache_type=args.cache_type)
+                     backend_options=backend_options(args),
+                     load_options=dict(cache_type=args.cache_type, weights=args.weights))
     print(bench.to_json(rows) if args.json else bench.format_table(rows))
     return 0
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from inferno.backends import DEFAULT_BACKEND, create_backend
 from inferno.backends.base import CACHE_TYPES
+from inferno.backends.quant import QUANTIZERS, quantize
 from inferno.backends.tracing import TracingBackend
 from inferno.errors import InfernoError
 from inferno.model.loader import Checkpoint, open_checkpoint
@@ -317,6 +318,28 @@ def check_max_tokens(max_tokens: int) -> None:
         raise InfernoError(f"max_tokens must be at least 1, got {max_tokens}", params=("max_tokens",))
 
 
+def quantize_weights(checkpoint: Checkpoint, qtype: str) -> None:
+    """Every float matrix of the checkpoint (float32, or 16-bit kept as stored) quantized to
+    `qtype` in place, rows of whole 32-weight blocks only; one line on stderr says what it did."""
+    t0 = time.perf_counter()
+    done = kept = 0
+    for name, w in checkpoint.tensors.items():
+        is_float = isinstance(w, np.ndarray) or w.qtype.name in ("F16", "BF16")
+        if len(w.shape) != 2 or not is_float:
+            continue
+        if w.shape[1] % 32:
+            kept += 1
+            continue
+        dense = w if isinstance(w, np.ndarray) else w.dequantize()
+        checkpoint.tensors[name] = quantize(dense, qtype)
+        done += 1
+    note = f", {kept} left as they were (rows not a multiple of 32)" if kept else ""
+    print(f"note: quantized {done} matrices to {qtype.upper()} at load in "
+          f"{time.perf_counter() - t0:.1f} s{note}", file=sys.stderr)
+    if done:
+        checkpoint.metadata.pop("general.file_type", None)  # the type column names the new type
+
+
 def check_cache_type(cache_type: str) -> str:
     if cache_type not in CACHE_TYPES:
         raise InfernoError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}",
@@ -326,7 +349,7 @@ def check_cache_type(cache_type: str) -> str:
 
 def load(model: str | None = None, backend: str = DEFAULT_BACKEND, *, flash: bool = True, trace: bool = False,
          progress: bool | None = None, cache_type: str | None = None, ctx_size: int | None = None,
-         **backend_options) -> Engine:
+         weights: str | None = None, **backend_options) -> Engine:
     """Load `model` onto `backend` (pool, the default; simd; cpu, the numpy reference; torch;
     gpu). `model` is a folder, a .gguf file, a hub id or an alias; None is the default model
     (smollm2-135m), fetched on first use.
@@ -334,11 +357,16 @@ def load(model: str | None = None, backend: str = DEFAULT_BACKEND, *, flash: boo
     materialized scores; `trace=True` wraps the backend in the tracing backend
     (engine.ops.format_histogram()). `cache_type` stores the KV cache as f32, f16, bf16 or q8_0
     (default: the backend's, f16 on simd and pool). `ctx_size` is each generation's context
-    (default: the model's). Values that do not depend on the model are checked before anything
-    loads; ctx_size against the model's context right after its config is read."""
+    (default: the model's). `weights` ("q8_0" or "q4_0") quantizes the float weights at load
+    (a Hugging Face folder's bf16, say), as llama.cpp's quantizer would; weights a GGUF already
+    holds in blocks stay as they are. Values that do not depend on the model are checked before
+    anything loads; ctx_size against the model's context right after its config is read."""
     check_ctx_size(ctx_size)
     if cache_type is not None:
         check_cache_type(cache_type)
+    if weights is not None and weights not in QUANTIZERS:
+        raise InfernoError(f"weights must be one of {', '.join(QUANTIZERS)}, got {weights!r}",
+                           params=("weights",))
     if progress is None:
         progress = sys.stderr.isatty()
     path = resolve(model)  # a first-use download is not load time
@@ -347,6 +375,8 @@ def load(model: str | None = None, backend: str = DEFAULT_BACKEND, *, flash: boo
     try:
         checkpoint = open_checkpoint(path, progress=progress)
         check_ctx_size(ctx_size, checkpoint.config)  # before any weight reaches the backend
+        if weights is not None:
+            quantize_weights(checkpoint, weights)
         alias = alias_sampling(model)
         if alias:
             checkpoint.sampling.append(alias)

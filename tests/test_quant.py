@@ -229,3 +229,37 @@ def test_torch_dequantises_at_load(name, dtype):
 def test_fast_dequantize_matches_reference_for_odd_sixteen_bit_rows():
     w = random_blocks("F16", 5, 40)
     assert np.array_equal(Q.dequantize(w, 1, 4), w.dequantize(1, 4))
+
+
+# -- a folder quantized at load (`--weights`) -------------------------------------------------
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_a_folder_quantized_at_load(tmp_path, qtype, capsys):
+    """--weights quantizes every float matrix whose rows are whole 32-weight blocks, exactly as
+    quantize() does, leaves the others, and the model runs on the blocks."""
+    from tiny import make_model
+
+    import inferno
+    from inferno.engine import Engine, quantize_weights
+    from inferno.model.loader import open_checkpoint
+
+    folder = make_model(tmp_path / "m", "llama", hidden=64, heads=4, kv_heads=2, intermediate=96,
+                        dtype="bfloat16")
+    ref = inferno.load(folder, backend="cpu", progress=False)
+    eng = inferno.load(folder, backend="cpu", weights=qtype, progress=False)
+    assert "note: quantized" in capsys.readouterr().err
+    assert eng.weight_type == qtype.upper()
+    w = eng.model.layers[0].down_proj  # [64, 96]: whole blocks
+    raw = open_checkpoint(folder).tensors["model.layers.0.mlp.down_proj.weight"].dequantize()
+    assert w.qtype.name == qtype.upper() and np.array_equal(w.data, quantize(raw, qtype).data)
+    # The oracle: the same blocks dequantized by gguf and run as float32 weights.
+    ck = open_checkpoint(folder)
+    quantize_weights(ck, qtype)
+    ck.tensors = {n: t.dequantize() if getattr(t, "qtype", None) is QTYPES[qtype.upper()] else t
+                  for n, t in ck.tensors.items()}
+    ids = list(range(3, 40))
+    want = Engine(ck, CpuBackend(), warm_up=False).logits(ids)
+    got = eng.logits(ids)
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+    assert np.abs(got - ref.logits(ids)).max() > 1e-3  # and the weights did change
+    with pytest.raises(InfernoError, match="weights must be one of"):
+        inferno.load(folder, weights="q2_k", progress=False)
