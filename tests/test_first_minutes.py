@@ -151,3 +151,10 @@ def test_a_base_model_without_a_template_is_continued_raw_and_says_so(qwen3_dir,
     assert "no chat template" in p.stderr and "--raw" in p.stderr
     raw = cli("generate", "-m", folder, "-p", "Once upon", "-n", 4, "-t", 0, "--raw")
     assert raw.stdout == p.stdout and "no chat template" not in raw.stderr
+
+
+def test_the_sampling_line_says_what_the_flags_set(sampled_dir):
+    p = cli("generate", "-m", sampled_dir, "-p", "Once upon", "-n", 2, "-t", 0, "--top-k", 3)
+    line = next(ln for ln in p.stderr.splitlines() if ln.startswith("sampling: "))
+    assert "--temperature 0, --top-k 3 (given)" in line
+    assert "--top-p 0.5 (generation_config.json)" in line

@@ -72,11 +72,17 @@ class SamplingDefaults:
         return SamplingParams(**{**self.values, **{k: v for k, v in given.items() if v is not None}},
                               seed=seed)
 
-    def describe(self) -> str:
-        """One line: each field's value, grouped by where it came from."""
+    def describe(self, given: dict | None = None) -> str:
+        """One line: each field's value in force, grouped by where it came from; `given` are
+        the caller's own settings (None: not given), which win."""
+        given = {f: v for f, v in (given or {}).items() if v is not None}
         by_source: dict[str, list[str]] = {}
         for field in SAMPLING_FIELDS:
-            by_source.setdefault(self.sources[field], []).append(f"{field} {self.values[field]:g}")
+            if field in given:
+                source, value = "given", given[field]
+            else:
+                source, value = self.sources[field], self.values[field]
+            by_source.setdefault(source, []).append(f"{field} {value:g}")
         return "; ".join(f"{', '.join(fields)} ({source})" for source, fields in by_source.items())
 
 
