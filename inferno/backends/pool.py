@@ -208,15 +208,14 @@ class PoolBackend(SimdBackend):
         return views
 
     def embedding(self, table, ids):
-        if not isinstance(table, QuantTensor):
+        """simd's, with a prefill's many rows split across threads."""
+        if (not isinstance(table, QuantTensor) or self.threads == 1
+                or len(ids) * table.shape[1] < self.parallel_min_elements):
             return super().embedding(table, ids)
         ids = token_ids(ids, table.shape[0])
         out = np.empty((len(ids), table.shape[1]), dtype=np.float32)  # [len(ids), hidden]
-        kind = Q.KINDS[table.qtype.name]
-        if self.threads == 1 or out.size < self.parallel_min_elements:
-            Q.embed_rows(kind, table.data, ids, out, 0, len(ids))
-        else:
-            self._launch(Q.embed_par, kind, table.data, ids, out, min(self.threads, len(ids)))
+        self._launch(Q.embed_par, Q.KINDS[table.qtype.name], table.data, ids, out,
+                     min(self.threads, len(ids)))
         return out
 
     def matmul(self, a, b):
