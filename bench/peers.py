@@ -73,9 +73,11 @@ class TransformersRunner:
             self._step(ids, None)
             return time.perf_counter() - t0
 
-    def decode(self, first: int, n: int) -> float:
+    def decode(self, first: int, n: int, context: list[int] = ()) -> float:
         with self.torch.inference_mode():
             token, past = first, None
+            if context:  # the depth to decode at, prefilled untimed
+                _, past = self._step(list(context), None)
             t0 = time.perf_counter()
             for _ in range(n):
                 token, past = self._step([token], past)
@@ -94,8 +96,9 @@ class LlamaCppRunner:
     flash = None
 
     def __init__(self, gguf: str, threads: int, n_ctx: int, label: str):
-        from gguf import GGUFReader
         from llama_cpp import Llama
+
+        from inferno.model.gguf_file import read_gguf
         self.threads, self.model_name, self.backend = threads, label, "llama.cpp"
         t0 = time.perf_counter()
         self.llm = Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads,
@@ -105,9 +108,9 @@ class LlamaCppRunner:
         self.first_token = self.llm.token_bos()
         # Every tensor's bytes in the file's own types (Q4_1 here); the tied embedding is the
         # output matrix and is read whole.
-        reader = GGUFReader(str(gguf))
-        self.weight_bytes_per_token = sum(int(t.n_bytes) for t in reader.tensors)
-        self.weight_type = gguf_file_type(reader)
+        gf = read_gguf(gguf)
+        self.weight_bytes_per_token = sum(t.nbytes for t in gf.tensors.values())
+        self.weight_type = gguf_file_type(gf.metadata)
 
     def _step(self, ids) -> int:
         self.llm.eval(ids)
@@ -121,8 +124,10 @@ class LlamaCppRunner:
         self._step(ids)
         return time.perf_counter() - t0
 
-    def decode(self, first: int, n: int) -> float:
+    def decode(self, first: int, n: int, context: list[int] = ()) -> float:
         self.llm.reset()
+        if context:  # the depth to decode at, prefilled untimed
+            self._step(list(context))
         token = first
         t0 = time.perf_counter()
         for _ in range(n):
@@ -136,10 +141,10 @@ class LlamaCppRunner:
         self.llm.close()
 
 
-def gguf_file_type(reader) -> str:
+def gguf_file_type(meta: dict) -> str:
     from gguf import LlamaFileType
-    field = reader.fields.get("general.file_type")
-    return LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_") if field else "?"
+    ft = meta.get("general.file_type")
+    return LlamaFileType(int(ft)).name.removeprefix("MOSTLY_") if ft is not None else "?"
 
 
 def ratio_table(rows: list[bench.Row], ours: list[str], peers: list[str]) -> str:
@@ -167,6 +172,9 @@ def main(argv=None) -> int:
     p.add_argument("--n-prompt", "-p", default="512")
     p.add_argument("--n-gen", "-n", default="128")
     p.add_argument("--repetitions", "-r", type=int, default=3)
+    p.add_argument("--depth", "-d", type=int, default=0,
+                   help="decode (the tg tests) after a context of this many tokens, as llama-bench's -d")
+    p.add_argument("--cache-type", default=None, help="our KV cache type (default: the backend's; llama.cpp keeps f16)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
@@ -174,11 +182,12 @@ def main(argv=None) -> int:
     gguf = Path(args.gguf).expanduser() if args.gguf else (model if model.suffix == ".gguf" else None)
     label = bench.model_label(model)
     sizes = dict(n_prompts=bench.parse_sizes(args.n_prompt, "-p"),
-                 n_gens=bench.parse_sizes(args.n_gen, "-n"), reps=args.repetitions)
+                 n_gens=bench.parse_sizes(args.n_gen, "-n"), reps=args.repetitions, depth=args.depth)
     ours, rows = [], []
     for backend in bench.parse_names([args.backend]):
         try:
-            rows += bench.run(str(model), [backend], backend_options={"threads": args.threads}, **sizes)
+            rows += bench.run(str(model), [backend], backend_options={"threads": args.threads},
+                              load_options={"cache_type": args.cache_type}, **sizes)
         except InfernoError as e:  # a model inferno cannot run yet: the peers still run
             print(f"peers: inferno's {backend} cannot run {label} ({e}): skipped", file=sys.stderr)
             continue
@@ -192,7 +201,7 @@ def main(argv=None) -> int:
                 if gguf is None:
                     print("peers: llama.cpp needs a .gguf (--gguf): skipped", file=sys.stderr)
                     continue
-                n_ctx = max(sizes["n_prompts"] + sizes["n_gens"]) + 8
+                n_ctx = max(sizes["n_prompts"] + sizes["n_gens"]) + args.depth + 8
                 rows += bench.measure_isolated(LlamaCppRunner, str(gguf), args.threads, n_ctx, label, **sizes)
             else:
                 raise SystemExit(f"unknown peer {peer!r}: transformers or llama.cpp")

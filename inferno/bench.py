@@ -120,8 +120,10 @@ class EngineRunner:
         self._step(ids, cache)
         return time.perf_counter() - t0
 
-    def decode(self, first: int, n: int) -> float:
-        cache = self.engine.model.new_cache(n)
+    def decode(self, first: int, n: int, context: list[int] = ()) -> float:
+        cache = self.engine.model.new_cache(len(context) + n)
+        if context:  # the depth to decode at, prefilled untimed
+            self._step(context, cache)
         token = first
         self.engine.ops.synchronize()
         t0 = time.perf_counter()
@@ -137,45 +139,48 @@ class EngineRunner:
 
 
 def measure(runner, n_prompts: list[int], n_gens: list[int], reps: int, seed: int = 0,
-            log=None) -> list[Row]:
-    """Warm up, then time each test `reps` times on `runner`."""
+            log=None, depth: int = 0) -> list[Row]:
+    """Warm up, then time each test `reps` times on `runner`. With `depth`, the tg tests decode
+    after a synthetic context of that many tokens (llama-bench's `-d`): "tg128@d4000"."""
     results = []
+    context = synthetic_prompt(runner.vocab_size, depth, seed + 1) if depth else []
     tests = [("pp", n) for n in n_prompts if n > 0] + [("tg", n) for n in n_gens if n > 0]
     for kind, n in tests:
         if kind == "pp":
-            run = partial(runner.prefill, synthetic_prompt(runner.vocab_size, n, seed))
+            run, name = partial(runner.prefill, synthetic_prompt(runner.vocab_size, n, seed)), f"pp{n}"
         else:
-            run = partial(runner.decode, runner.first_token, n)
+            run = partial(runner.decode, runner.first_token, n, context)
+            name = f"tg{n}" + (f"@d{depth}" if depth else "")
         if log:
-            log(f"{runner.backend}: {kind}{n} warm-up + {reps} runs")
+            log(f"{runner.backend}: {name} warm-up + {reps} runs")
         run()
         seconds = [run() for _ in range(reps)]
-        results.append([kind, n, seconds])
+        results.append([name, n, seconds])
     peak = runner.peak_memory_bytes()
     return [Row(model=runner.model_name, weight_type=runner.weight_type, backend=runner.backend,
-                threads=runner.threads,
-                flash=runner.flash, test=f"{kind}{n}", n_tokens=n, seconds=seconds,
+                threads=runner.threads, flash=runner.flash, test=name, n_tokens=n, seconds=seconds,
                 weight_bytes_per_token=runner.weight_bytes_per_token, peak_memory_bytes=peak,
                 load_s=runner.load_s)
-            for kind, n, seconds in results]
+            for name, n, seconds in results]
 
 
 def _measure_in_child(factory, factory_args: tuple, factory_kwargs: dict, n_prompts, n_gens,
-                      reps, seed) -> list[Row]:
+                      reps, seed, depth=0) -> list[Row]:
     runner = factory(*factory_args, **factory_kwargs)
     try:
-        return measure(runner, n_prompts, n_gens, reps, seed, log=_log)
+        return measure(runner, n_prompts, n_gens, reps, seed, log=_log, depth=depth)
     finally:
         runner.close()
 
 
-def measure_isolated(factory, *args, n_prompts, n_gens, reps, seed=0, **kwargs) -> list[Row]:
+def measure_isolated(factory, *args, n_prompts, n_gens, reps, seed=0, depth=0,
+                     **kwargs) -> list[Row]:
     """`measure(factory(*args, **kwargs), ...)` in a fresh spawned process. `factory` must be
     importable (a module-level class or function) for the child to find it."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as ex:
         return ex.submit(_measure_in_child, factory, args, kwargs, n_prompts, n_gens, reps,
-                         seed).result()
+                         seed, depth).result()
 
 
 def _log(message: str) -> None:
@@ -184,7 +189,8 @@ def _log(message: str) -> None:
 
 def run(model, backends: list[str], *, flash: list[bool] = (True,), n_prompts=(512,),
         n_gens=(128,), reps: int = 5, seed: int = 0, isolate: bool = True,
-        backend_options: dict | None = None, load_options: dict | None = None) -> list[Row]:
+        backend_options: dict | None = None, load_options: dict | None = None,
+        depth: int = 0) -> list[Row]:
     """Every backend x flash setting on one model. `backend_options` (threads, device, dtype) go
     to the backends that take them and are left out for the others; `load_options`
     (cache_type, weights: load()'s) to all."""
@@ -198,12 +204,15 @@ def run(model, backends: list[str], *, flash: list[bool] = (True,), n_prompts=(5
         raise InfernoError(f"--repetitions must be at least 1, got {reps}")
     if not any(n > 0 for n in list(n_prompts) + list(n_gens)):
         raise InfernoError("nothing to measure: give a prompt size (-p) or a generation size (-n) above 0")
+    if depth < 0:
+        raise InfernoError(f"--depth must be 0 or more, got {depth}")
     rows = []
     for backend in backends:
         options = {k: v for k, v in (backend_options or {}).items()
                    if v is not None and k in REGISTRY[backend].options}
         for fl in flash:
-            kw = {"n_prompts": list(n_prompts), "n_gens": list(n_gens), "reps": reps, "seed": seed}
+            kw = {"n_prompts": list(n_prompts), "n_gens": list(n_gens), "reps": reps, "seed": seed,
+                  "depth": depth}
             options.update((k, v) for k, v in (load_options or {}).items() if v is not None)
             if isolate:
                 rows += measure_isolated(EngineRunner, model, backend, fl, **options, **kw)

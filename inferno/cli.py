@@ -169,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens to decode for the tgN tests, comma list; 0 skips them")
     b.add_argument("--repetitions", "-r", type=_positive_int, default=5,
                    help="timed runs per test, after one warm-up run")
+    b.add_argument("--depth", "-d", type=int, default=0,
+                   help="run the tgN tests after a synthetic context of this many tokens (tg128@d4096)")
     b.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompt")
     b.add_argument("--json", action="store_true", help="print JSON (every run's time) instead of the table")
     b.set_defaults(func=cmd_bench)
@@ -328,7 +330,8 @@ def cmd_bench(args) -> int:
                      flash=bench.parse_flash(args.flash), n_prompts=bench.parse_sizes(args.n_prompt, "-p"),
                      n_gens=bench.parse_sizes(args.n_gen, "-n"), reps=args.repetitions, seed=args.seed,
                      backend_options=backend_options(args),
-                     load_options=dict(cache_type=args.cache_type, weights=args.weights))
+                     load_options=dict(cache_type=args.cache_type, weights=args.weights),
+                     depth=args.depth)
     print(bench.to_json(rows) if args.json else bench.format_table(rows))
     return 0
 

@@ -10,6 +10,7 @@ import pytest
 
 from inferno import bench
 from inferno.cli import main
+from inferno.errors import InfernoError
 
 NUMBER_PM = re.compile(r"^\d+\.\d+ ± \d+\.\d+$")
 
@@ -85,3 +86,12 @@ def test_format_table_from_rows():
                         "1024", "1.50"]
     assert table[3] == ["m", "F32", "peer", "-", "-", "tg2", "2.00 ± 0.00", "", "2.0", "1", "0.10"]
     assert bench.ratio(rows, "pool", "peer", "pp4") is None
+
+
+def test_decode_at_depth(qwen3_dir):
+    """--depth: the tg tests decode after an untimed synthetic context, and say so in the name."""
+    rows = bench.run(str(qwen3_dir), ["simd"], n_prompts=[0], n_gens=[3], reps=1, isolate=False,
+                     depth=20)
+    assert [(r.test, r.n_tokens) for r in rows] == [("tg3@d20", 3)]
+    with pytest.raises(InfernoError, match="--depth must be 0 or more"):
+        bench.run(str(qwen3_dir), ["simd"], n_prompts=[0], n_gens=[3], reps=1, depth=-1)
