@@ -42,6 +42,9 @@ TYPES = ("bf16", "f16", "q8_0", "q4_k_m")
 BENCH_DIR = Path("~/.cache/inferno/bench").expanduser()
 
 
+DEFAULT_OUT = BENCH_DIR / "qwen3-0.6b-shape"  # the 0.6B bf16 folder, as bench/attention.py reads
+
+
 def default_out(size: str, qtype: str) -> Path:
     name = f"qwen3-{size}-shape"
     return BENCH_DIR / (name if qtype == "bf16" else f"{name}.{qtype.upper()}.gguf")

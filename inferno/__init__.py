@@ -1,4 +1,4 @@
-"""inferno: a multi-backend CPU/GPU inference engine for Qwen3 and Llama-family LLMs."""
+"""inferno: a multi-backend CPU/GPU inference engine for Llama, Qwen and Gemma LLMs."""
 
 from inferno.engine import Engine, GenerationResult, Session, load
 from inferno.errors import InfernoError

@@ -15,7 +15,7 @@ from inferno import __version__
 from inferno.backends import DEFAULT_BACKEND, backend_names
 from inferno.backends.base import CACHE_TYPES
 from inferno.backends.quant import QUANTIZERS
-from inferno.errors import InfernoError
+from inferno.errors import InfernoError, as_flags
 from inferno.model.resolve import DEFAULT_MODEL
 from inferno.model.sampling import SAMPLING_FIELDS, SamplingParams
 
@@ -196,13 +196,9 @@ def load_engine(args, trace: bool = False):
                   **backend_options(args))
     print(f"load: {engine.load_s:.2f} s ({engine.source}, {engine.backend} backend)", file=sys.stderr)
     given = {f: getattr(args, f) for f in SAMPLING_FIELDS}
-    print(f"sampling: {as_flags(engine.sampling.describe(given))}", file=sys.stderr)
+    print(f"sampling: {as_flags(engine.sampling.describe(given), SAMPLING_FIELDS)}", file=sys.stderr)
     return engine
 
-
-def as_flags(text: str) -> str:
-    """Parameter names in `text` written as the flags that set them."""
-    return InfernoError(text, params=SAMPLING_FIELDS).for_cli()
 
 
 def backend_options(args) -> dict:
@@ -292,11 +288,13 @@ def cmd_serve(args) -> int:
                            f"inferno's folder ({e})") from None
     check_ctx_size(args.ctx_size)
     resolve(args.model)  # a bad name fails here, in one line, before a port is bound
-    config = ServerConfig(model=args.model, backend=args.backend, backend_options=tuple(backend_options(args).items()),
-                          flash=args.flash == "on", cache_type=args.cache_type, parallel=args.parallel,
-                          ctx_size=args.ctx_size,
+    config = ServerConfig(model=args.model, backend=args.backend,
+                          backend_options=tuple(backend_options(args).items()),
+                          flash=args.flash == "on", cache_type=args.cache_type, weights=args.weights,
+                          parallel=args.parallel, ctx_size=args.ctx_size,
                           queue_limit=args.queue_limit, chunk=args.prefill_chunk,
-                          api_key=args.api_key or os.environ.get("INFERNO_API_KEY") or None, model_id=args.alias)
+                          api_key=args.api_key or os.environ.get("INFERNO_API_KEY") or None,
+                          model_id=args.alias)
     if args.ray:
         from inferno.serve.ray_app import run
         return run(config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address)

@@ -85,6 +85,8 @@ class Engine:
         self.weight_type = weight_type(checkpoint)
         self.ctx_size = check_ctx_size(ctx_size, self.config)
         self.sampling = SamplingDefaults.layered(*checkpoint.sampling)  # what a call leaves unset
+        # Tokens that end a reply: the tokenizer's turn enders and the config's eos ids.
+        self.eos = frozenset(self.tokenizer.eos_ids) | frozenset(self.config.eos_token_ids)
         self.backend = ops.name
         t0 = time.perf_counter()
         self.cache_type = check_cache_type(cache_type or getattr(ops, "default_cache_type", "f32"))
@@ -220,7 +222,7 @@ class Engine:
                   session: Session | None = None):
         ops, model = self.ops, self.model
         rng = np.random.default_rng(params.seed)
-        eos = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
+        eos = self.eos
         decoder = self.tokenizer.stream()
         if session is None:
             cache, start, fed = model.new_cache(ids.size + max_tokens), 0, []

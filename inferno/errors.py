@@ -22,10 +22,15 @@ class InfernoError(Exception):
 
     def for_cli(self) -> str:
         """The message with each parameter name written as its command-line flag."""
-        text = str(self)
-        for name in self.params:
-            text = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", "--" + name.replace("_", "-"), text)
-        return text
+        return as_flags(str(self), self.params)
+
+
+def as_flags(text: str, params) -> str:
+    """`text` with each name in `params` written as the flag that sets it (top_p: --top-p)."""
+    for name in params:
+        text = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", "--" + name.replace("_", "-"), text)
+    return text
+
 
 def one_line(e: BaseException, limit: int = 300) -> str:
     """An exception's message on one printable line, for wrapping a library's error (which may

@@ -5,8 +5,6 @@ and forgetting it on /clear, is in test_real_model.py, which loads that model on
 
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 import sys
 
@@ -74,13 +72,7 @@ def test_repl_on_a_tiny_model(qwen3_dir):
     assert p.stderr.count("prefill: ") == 1  # stats for the one answered turn
 
 
-def test_chat_needs_a_chat_template(qwen3_dir, tmp_path):
-    folder = tmp_path / "no-template"
-    shutil.copytree(qwen3_dir, folder)
-    (folder / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    p = chat("-m", folder, stdin="hi\n")
+def test_chat_needs_a_chat_template(base_model_dir):
+    p = chat("-m", base_model_dir, stdin="hi\n")
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith("inferno: error: this model has no chat template")

@@ -139,17 +139,11 @@ def test_alias_carries_the_model_cards_sampling():
     assert alias_sampling("/some/folder") is None
 
 
-def test_a_base_model_without_a_template_is_continued_raw_and_says_so(qwen3_dir, tmp_path):
-    folder = tmp_path / "base"
-    shutil.copytree(qwen3_dir, folder)
-    (folder / "chat_template.jinja").unlink(missing_ok=True)
-    cfg = json.loads((folder / "tokenizer_config.json").read_text())
-    cfg.pop("chat_template", None)
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    p = cli("generate", "-m", folder, "-p", "Once upon", "-n", 4, "-t", 0)
+def test_a_base_model_without_a_template_is_continued_raw_and_says_so(base_model_dir):
+    p = cli("generate", "-m", base_model_dir, "-p", "Once upon", "-n", 4, "-t", 0)
     assert p.returncode == 0, p.stderr
     assert "no chat template" in p.stderr and "--raw" in p.stderr
-    raw = cli("generate", "-m", folder, "-p", "Once upon", "-n", 4, "-t", 0, "--raw")
+    raw = cli("generate", "-m", base_model_dir, "-p", "Once upon", "-n", 4, "-t", 0, "--raw")
     assert raw.stdout == p.stdout and "no chat template" not in raw.stderr
 
 
@@ -158,3 +152,11 @@ def test_the_sampling_line_says_what_the_flags_set(sampled_dir):
     line = next(ln for ln in p.stderr.splitlines() if ln.startswith("sampling: "))
     assert "--temperature 0, --top-k 3 (given)" in line
     assert "--top-p 0.5 (generation_config.json)" in line
+
+
+def test_a_models_bad_sampling_value_is_one_error(sampled_dir, tmp_path):
+    folder = tmp_path / "bad"
+    shutil.copytree(sampled_dir, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": "hot"}))
+    with pytest.raises(InfernoError, match=r"generation_config.json: temperature is 'hot', not a number"):
+        inferno.load(folder, progress=False)

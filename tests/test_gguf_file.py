@@ -13,7 +13,8 @@ from tiny_gguf import V, gguf_bytes, gguf_kv, gguf_string, gguf_tensor
 
 from inferno.backends.quant import QTYPES
 from inferno.errors import InfernoError
-from inferno.model.gguf_file import GGML_TYPES, read_gguf
+from inferno.backends.quant import GGML_TYPES
+from inferno.model.gguf_file import read_gguf
 
 
 def write(tmp_path, data: bytes):

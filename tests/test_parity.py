@@ -107,3 +107,31 @@ def test_flash_off_matches_flash_on(model_dir):
     on = inferno.load(model_dir, backend="cpu", progress=False)
     off = inferno.load(model_dir, backend="cpu", progress=False, flash=False)
     np.testing.assert_allclose(off.logits(IDS), on.logits(IDS), atol=1e-4)
+
+
+def test_gemma3_multimodal_folder_runs_its_text_model(tmp_path_factory):
+    """A Gemma3ForConditionalGeneration folder: the text model's config under text_config and
+    its weights under model.language_model.* (transformers 5) beside a vision tower. inferno
+    runs the text model, the same one as a gemma3_text folder."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    text = make_model(tmp_path_factory.mktemp("gemma3-text"), **MODELS["gemma3-window24-hd40-gqa4-f32"])
+    multi = tmp_path_factory.mktemp("gemma3-multimodal")
+    for f in text.iterdir():
+        if f.suffix != ".safetensors" and f.name != "config.json":
+            (multi / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((text / "config.json").read_text())
+    (multi / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "text_config": {k: v for k, v in cfg.items() if k != "architectures"},
+        "vision_config": {"hidden_size": 8}, "eos_token_id": cfg["eos_token_id"]}))
+    weights = {n.replace("model.", "model.language_model.", 1): w
+               for n, w in load_file(text / "model.safetensors").items()}
+    weights["model.vision_tower.patch_embedding.weight"] = np.ones((8, 3), np.float32)
+    save_file(weights, multi / "model.safetensors")
+    want = inferno.load(text, backend="cpu", progress=False).logits(IDS)
+    got = inferno.load(multi, backend="cpu", progress=False)
+    assert got.config.architecture == "gemma3" and got.config.layer_windows == (24, 0, 24)
+    np.testing.assert_array_equal(got.logits(IDS), want)

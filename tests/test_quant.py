@@ -218,7 +218,6 @@ def test_torch_dequantises_at_load(name, dtype):
     t = ops.weight(w)
     want = torch.from_numpy(w.dequantize()).to(ops.dtype)
     assert t.dtype == ops.dtype and torch.equal(t, want)
-    assert ops.weight(w) is t  # a tied lm_head: the same tensor, converted once
     assert torch.equal(ops.embedding(t, np.array([8, 0, 8])), want[[8, 0, 8]])
     assert ops.weight_nbytes(t) == w.shape[0] * w.shape[1] * t.element_size()
     if dtype == "f32":

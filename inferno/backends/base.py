@@ -1,7 +1,7 @@
 """The Backend contract, with a correct vectorised-numpy default for every op.
 
-A backend owns its tensor type and decides how each operation runs. The model (model/qwen3.py)
-calls nothing but these methods, which is what lets a backend swap an algorithm and lets the
+A backend owns its tensor type and decides how each operation runs. The model
+(model/decoder.py) calls nothing but these methods, which is what lets a backend swap an algorithm and lets the
 tracing backend count every call. Tensors are 2-D `[rows, features]` unless said otherwise;
 weights keep the Hugging Face `[out, in]` layout.
 
@@ -36,7 +36,7 @@ OPS = (
 )
 
 # KV cache element types (`--cache-type`): what one layer's K or V buffer stores.
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
+CACHE_TYPES = tuple(cache_types.DTYPES)  # ("f32", "f16", "bf16", "q8_0")
 
 
 class Backend:
@@ -44,7 +44,6 @@ class Backend:
 
     name = "base"
     device = "cpu"
-    weight_itemsize = 4  # bytes per weight element as stored (float32)
     default_cache_type = "f32"  # what kv_buffer stores when not told (see CACHE_TYPES)
 
     # -- tensors at the edges ------------------------------------------------------------------
@@ -191,7 +190,7 @@ class Backend:
         return x[np.asarray(rows, dtype=np.int64)]
 
     def write_rows(self, dst, src, start: int):
-        """dst[start:start + len(src)] = src, in place (KV cache appends)."""
+        """dst[start:start + len(src)] = src, in place (a batch's attention rows assembled)."""
         dst[start:start + src.shape[0]] = src
 
     # -- the KV cache ---------------------------------------------------------------------------
@@ -294,10 +293,11 @@ def check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
     if not len(slots) == len(kv_lens) == q.shape[0]:
         raise ValueError(f"{q.shape[0]} query rows need as many slots and kv_lens, got "
                          f"{len(slots)} and {len(kv_lens)}")
-    for slot, kv_len in zip(slots, kv_lens):
-        if not (0 <= slot < k_buf.shape[0] and 1 <= kv_len <= k_buf.shape[1]):
+    n_slots, capacity = k_buf.shape[0], k_buf.shape[1]
+    for slot, kv_len in zip(slots, kv_lens):  # a plain loop: numpy's is slower at a batch's size
+        if not (0 <= slot < n_slots and 1 <= kv_len <= capacity):
             raise ValueError(f"slot {slot} with kv_len {kv_len} is outside the cache "
-                             f"({k_buf.shape[0]} slots of {k_buf.shape[1]} positions)")
+                             f"({n_slots} slots of {capacity} positions)")
 
 
 def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, window=0,

@@ -27,12 +27,14 @@ DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "q8_0": np.ui
 TYPE_OF_DTYPE = {np.dtype(d): t for t, d in DTYPES.items()}
 
 
-def check(cache_type: str, width: int, choices=tuple(DTYPES)) -> None:
-    if cache_type not in choices:
-        raise InfernoError(f"cache type {cache_type!r} is not one of: {', '.join(choices)}")
+def check(cache_type: str, width: int) -> None:
+    if cache_type not in DTYPES:
+        raise InfernoError(f"cache_type {cache_type!r} is not one of: {', '.join(DTYPES)}",
+                           params=("cache_type",))
     if cache_type == "q8_0" and width % QK8_0:
-        raise InfernoError(f"a q8_0 cache needs a KV width that is a multiple of {QK8_0}, got "
-                           f"{width}; use --cache-type f16")
+        raise InfernoError(f"a q8_0 cache needs a KV width (KV heads x head dim) that is a "
+                           f"multiple of {QK8_0}, got {width}; use cache_type f16",
+                           params=("cache_type",))
 
 
 def row_elements(cache_type: str, width: int) -> int:

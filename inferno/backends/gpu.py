@@ -51,6 +51,7 @@ class GpuBackend(TorchBackend):
                                "interpreter: set TRITON_INTERPRET=1 before importing inferno")
         super().__init__(device=device, dtype=dtype)
         self._kernel = triton_decode
+        self._meta = (None, None)  # (slots and lengths, their device tensor) of the last step
         self.decode_variant, self.prefill_path = decode, prefill
 
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
@@ -64,10 +65,16 @@ class GpuBackend(TorchBackend):
         """The whole batch in one launch of the Triton kernel (one program per sequence, KV head
         and split), each sequence reading its own slot and length."""
         check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
+        slots, kv_lens = [int(s) for s in slots], [int(n) for n in kv_lens]
+        key = (tuple(slots), tuple(kv_lens))
+        if self._meta[0] != key:
+            # Every layer of a step decodes the same sequences: their slots and lengths go to
+            # the device once a step, not once a layer (a small synchronous copy each).
+            self._meta = (key, self._kernel.slot_meta(slots, kv_lens, q.device))
         return self._kernel.decode_attention(
-            q[:, None, :], k_buf, v_buf, [int(n) for n in kv_lens], n_heads, n_kv_heads, head_dim,
-            variant=self.decode_variant, slots=[int(s) for s in slots], window=window,
-            scale=scale)[:, 0, :]
+            q[:, None, :], k_buf, v_buf, kv_lens, n_heads, n_kv_heads, head_dim,
+            variant=self.decode_variant, slots=slots, window=window, scale=scale,
+            meta=self._meta[1])[:, 0, :]
 
 
 def sdpa_attention(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, causal: bool,

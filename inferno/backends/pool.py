@@ -261,12 +261,12 @@ class PoolBackend(SimdBackend):
         return out
 
     # -- attention ------------------------------------------------------------------------------
-    def _attention(self, kernel, work: int, *args) -> None:
-        """simd's all-heads kernels, one job per head when the work pays for a launch."""
+    def _flash(self, work: int, *args) -> None:
+        """One job per head when the work pays for a launch; simd's serial loop otherwise."""
         if self.threads == 1 or work < self.parallel_min_attention:
-            kernel(*args)
+            K.flash_heads(*args)
         else:
-            self._launch(_PER_HEAD[kernel], *args)
+            self._launch(_flash, *args)
 
     def _decode_plan(self, seqs: int, keys_per_seq: int, work: int):
         """Cut each sequence's keys into ranges so that the jobs share out evenly
@@ -278,6 +278,3 @@ class PoolBackend(SimdBackend):
         splits = next((s for s in range(1, most + 1) if seqs * s % self.threads == 0), most)
         return splits, lambda *args: self._launch(_decode, *args)
 
-
-# simd's serial all-heads kernel -> the same work as one prange job per head.
-_PER_HEAD = {K.flash_heads: _flash}

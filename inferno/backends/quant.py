@@ -30,19 +30,29 @@ class QType:
         return cols // self.block * self.block_bytes
 
 
-# The block formats inferno multiplies in place (layouts: ggml's ggml-common.h).
-QTYPES = {q.name: q for q in [
-    QType("F16", 1, 1, 2),
-    QType("BF16", 30, 1, 2),
-    QType("Q8_0", 8, 32, 34),  # f16 d, 32 x int8
-    QType("Q4_0", 2, 32, 18),  # f16 d, 16 bytes of nibbles (low nibbles: weights 0-15)
-    QType("Q4_1", 3, 32, 20),  # f16 d, f16 m, 16 bytes of nibbles
-    QType("Q5_0", 6, 32, 22),  # f16 d, 4 bytes of 5th bits, 16 bytes of nibbles
-    QType("Q5_1", 7, 32, 24),  # f16 d, f16 m, 4 bytes of 5th bits, 16 bytes of nibbles
-    QType("Q4_K", 12, 256, 144),  # f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 of nibbles
-    QType("Q5_K", 13, 256, 176),  # as Q4_K plus 32 bytes of 5th bits
-    QType("Q6_K", 14, 256, 210),  # 128 low nibbles, 64 of 2-bit highs, 16 int8 scales, f16 d
-]}
+# GGML type id -> (name, weights per block, bytes per block), ggml.h's table. An id missing here
+# is looked up in the gguf package, for types newer than this table.
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4),
+    27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
+}
+
+# The block formats inferno multiplies in place (layouts: ggml's ggml-common.h):
+#   Q8_0  f16 d, 32 x int8                   Q4_0  f16 d, 16 bytes of nibbles (low: weights 0-15)
+#   Q4_1  f16 d, f16 m, 16 bytes of nibbles  Q5_0  f16 d, 4 bytes of 5th bits, 16 of nibbles
+#   Q5_1  f16 d, f16 m, 4 bytes of 5th bits, 16 bytes of nibbles
+#   Q4_K  f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 of nibbles; Q5_K: plus 32 of 5th bits
+#   Q6_K  128 low nibbles, 64 of 2-bit highs, 16 int8 scales, f16 d
+KEPT = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+_BY_NAME = {name: (i, block, size) for i, (name, block, size) in GGML_TYPES.items()}
+QTYPES = {name: QType(name, *_BY_NAME[name]) for name in KEPT}
 QTYPES_BY_ID = {q.ggml_id: q for q in QTYPES.values()}
 
 

@@ -112,10 +112,13 @@ class SimdBackend(Backend):
 
     def weight(self, w):
         """[out, in] as stored (see the module docstring): a read-only memory-mapped float32 view
-        is not copied, and a QuantTensor stays quantized (quantized_weight)."""
+        is not copied, and a QuantTensor stays quantized (quantized_weight). Every float weight
+        is handed over read-only, mapped or not, so the matvec compiles one variant for all."""
         if isinstance(w, QuantTensor):
             return quantized_weight(w)
-        return np.ascontiguousarray(w, dtype=np.float32)
+        w = np.ascontiguousarray(w, dtype=np.float32).view()
+        w.flags.writeable = False
+        return w
 
     # -- dense ops ------------------------------------------------------------------------------
     def linear(self, x, w):
@@ -181,9 +184,8 @@ class SimdBackend(Backend):
         check_window(causal, window)
         out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [seq_q, nh * hd]
         keys = min(k.shape[0], window) if window else k.shape[0]  # keys per query, about
-        self._attention(K.flash_heads, q.shape[0] * keys * n_heads * head_dim, q, k, v, out,
-                        n_heads, n_kv_heads, head_dim, bool(causal), int(window),
-                        score_scale(head_dim, scale))
+        self._flash(q.shape[0] * keys * n_heads * head_dim, q, k, v, out, n_heads, n_kv_heads,
+                    head_dim, bool(causal), int(window), score_scale(head_dim, scale))
         return out
 
     def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
@@ -194,19 +196,22 @@ class SimdBackend(Backend):
                              f"{n_kv_heads} KV heads of {head_dim}")
         kind = kind_of(k_buf)
         if kind == KV.Q8_0 and head_dim % cache_types.QK8_0:
+            # The kernels read a head's blocks whole: heads of 16 would share a block.
             raise InfernoError(f"a q8_0 cache needs a head dim that is a multiple of "
                                f"{cache_types.QK8_0}, got {head_dim}; use --cache-type f16")
-        lens = [int(n) for n in kv_lens]
-        keys = sum(min(n, window) for n in lens) if window else sum(lens)  # keys read in all
-        splits, run = self._decode_plan(len(lens), keys // len(lens), keys * n_heads * head_dim)
+        lens = np.ascontiguousarray(kv_lens, dtype=np.int64)  # the model's own arrays: no copy
+        if lens.size == 0:
+            return np.empty((0, n_heads * head_dim), np.float32)
+        keys = int(np.minimum(lens, window).sum() if window else lens.sum())  # keys read in all
+        splits, run = self._decode_plan(lens.size, keys // lens.size, keys * n_heads * head_dim)
         return run(contiguous(q), k_buf.view(np.uint8), v_buf.view(np.uint8), kind,
-                   np.array(slots, np.int64), np.array(lens, np.int64), int(window),
+                   np.ascontiguousarray(slots, dtype=np.int64), lens, int(window),
                    score_scale(head_dim, scale), n_kv_heads, head_dim, splits)  # [B, nh * hd]
 
-    def _attention(self, kernel, work: int, *args) -> None:
-        """Run an all-heads attention kernel (`work`: query x key x head x head_dim products).
-        Here the heads run one after another; the pool backend fans them out."""
-        kernel(*args)
+    def _flash(self, work: int, *args) -> None:
+        """Flash prefill of every head (`work`: query x key x head x head_dim products). Here
+        the heads run one after another; the pool backend fans them out."""
+        K.flash_heads(*args)
 
     def _decode_plan(self, seqs: int, keys_per_seq: int, work: int):
         """(splits, kernel): how many ranges each sequence's keys are cut into, one job each,

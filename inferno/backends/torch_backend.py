@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from inferno.backends.base import Backend, check_decode, check_window, score_scale
+from inferno.backends.base import (CACHE_TYPES, QUANT_TILE, Backend, check_decode, check_window,
+                                   score_scale)
 from inferno.backends.quant import QuantTensor
 from inferno.errors import InfernoError
 
@@ -77,23 +78,18 @@ class TorchBackend(Backend):
     def __init__(self, device: str | None = None, dtype: str | None = None):
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype)
-        self.weight_itemsize = self.dtype.itemsize
-        self._last = (None, None)  # (host array, device tensor): tied embeddings convert once
 
     # -- tensors at the edges ------------------------------------------------------------------
     def from_numpy(self, a):
         """A float32 host array, or a QuantTensor dequantised once (weights stay at this
         backend's dtype: its matmuls are the fast unit, not the bytes read)."""
-        if a is self._last[0]:
-            # lm_head tied to embed_tokens: the same host array twice in a row, one device copy.
-            return self._last[1]
         if isinstance(a, QuantTensor):
-            t = self._dequantized(a)
-        else:
-            t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-            t = t.to(device=self.device, dtype=self.dtype)
-        self._last = (a, t)
-        return t
+            return self._dequantized(a)
+        # A read-only view of a mapped file is copied: torch tensors are writable, and on the
+        # CPU in float32 .to() would otherwise alias the map.
+        a = np.asarray(a)
+        a = np.array(a, dtype=np.float32, order="C", copy=None if a.flags.writeable else True)
+        return torch.from_numpy(a).to(device=self.device, dtype=self.dtype)
 
     def weight(self, w):
         return self.from_numpy(w)  # [out, in] is what F.linear reads
@@ -108,7 +104,7 @@ class TorchBackend(Backend):
 
         rows, cols = w.shape
         out = torch.empty(rows, cols, dtype=self.dtype, device=self.device)
-        step = max(1, (1 << 22) // cols)
+        step = max(1, QUANT_TILE // cols)
         for r0 in range(0, rows, step):
             r1 = min(r0 + step, rows)
             out[r0:r1] = torch.from_numpy(dequantize(w, r0, r1)).to(device=self.device, dtype=self.dtype)
@@ -127,8 +123,10 @@ class TorchBackend(Backend):
     def kv_buffer(self, slots: int, capacity: int, width: int, cache_type: str | None = None):
         cache_type = cache_type or self.default_cache_type
         if cache_type not in CACHE_DTYPES:
-            raise InfernoError(f"cache type {cache_type!r} runs on the CPU backends (cpu, simd, "
-                               f"pool) only; here choose one of: {', '.join(CACHE_DTYPES)}")
+            where = ("runs on the CPU backends (cpu, simd, pool) only" if cache_type in CACHE_TYPES
+                     else "is not a cache type")
+            raise InfernoError(f"cache_type {cache_type!r} {where}; here choose one of: "
+                               f"{', '.join(CACHE_DTYPES)}", params=("cache_type",))
         return torch.zeros(slots, capacity, width, dtype=CACHE_DTYPES[cache_type], device=self.device)
 
     def synchronize(self) -> None:
@@ -145,7 +143,6 @@ class TorchBackend(Backend):
         return super().peak_memory_bytes()
 
     def close(self) -> None:
-        self._last = (None, None)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         elif self.device.type == "mps":

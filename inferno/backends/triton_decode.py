@@ -256,7 +256,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, n_heads: int, n_kv_heads: int,
                      head_dim: int, variant: str = "pingpong", num_splits: int | None = None,
                      block_n: int | None = None, *, slots=None, window: int = 0,
                      scale: float | None = None, block_h: int | None = None, out=None,
-                     partials=None, num_warps: int = 4, num_stages: int = 2):
+                     partials=None, num_warps: int = 4, num_stages: int = 2, meta=None):
     """softmax(scale * q K^T) V for the newest tokens of each sequence of a batch.
 
     q [n_new, n_heads * head_dim], or [batch, n_new, n_heads * head_dim]: the new tokens of each
@@ -270,18 +270,26 @@ def decode_attention(q, k_cache, v_cache, kv_len, n_heads: int, n_kv_heads: int,
     alloc_partials, sized by plan_splits) lets a caller reuse or inspect the scratch. float32
     inputs use IEEE float32 dots (no TF32), 16-bit inputs tensor-core dots with float32
     accumulation; a cache in another dtype than q is widened to float32 as it is loaded.
+    `meta` (slot_meta's) saves the per-call copy of slots and lengths to the device.
     """
     out, handles = _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant,
                            num_splits, block_n, block_h, out, partials, num_warps, num_stages,
-                           slots, window, scale)
+                           slots, window, scale, meta)
     return out
+
+
+def slot_meta(slots, kv_lens, device) -> torch.Tensor:
+    """The kernel's per-sequence slots and lengths, int32 [2, batch] on `device`: a small
+    host-to-device copy, which a caller that decodes many layers of one step can make once."""
+    return torch.tensor([[int(s) for s in slots], [int(n) for n in kv_lens]], dtype=torch.int32).to(device)
 
 
 def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant="pingpong",
             num_splits=None, block_n=None, block_h=None, out=None, partials=None,
-            num_warps=4, num_stages=2, slots=None, window=0, scale=None):
+            num_warps=4, num_stages=2, slots=None, window=0, scale=None, meta=None):
     """decode_attention's body; also returns the two kernels' launch handles (compiled kernels
-    on CUDA, whose .asm holds the PTX and TTGIR; None under the interpreter)."""
+    on CUDA, whose .asm holds the PTX and TTGIR; None under the interpreter). `meta` is
+    slot_meta(slots, kv_len) already on the device, to skip the copy."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; variants: {', '.join(VARIANTS)}")
     squeeze = q.dim() == 2
@@ -312,8 +320,8 @@ def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant=
     o3 = torch.empty_like(q3) if out is None else (out.unsqueeze(0) if out.dim() == 2 else out)
     if o3.shape != q3.shape or o3.stride(-1) != 1:
         raise ValueError(f"out must be shaped like q {tuple(q.shape)}, got {tuple(out.shape)}")
-    # NOTE: one small host-to-device copy per call (slots and lengths, int32 [2, batch]).
-    meta = torch.tensor([slots, kv_lens], dtype=torch.int32).to(q.device)
+    if meta is None:
+        meta = slot_meta(slots, kv_lens, q.device)
 
     block_d = max(16, triton.next_power_of_2(head_dim))
     upcast = k3.dtype != q.dtype

@@ -35,7 +35,8 @@ class Family:
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
     qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2)
     sandwich_norms: bool = False  # also norm the attention and MLP outputs (Gemma 3)
-    norm_plus_one: bool = False  # RMSNorm scales by (1 + w) (Gemma); folded into w at load
+    norm_plus_one: bool = False  # RMSNorm scales by (1 + w) (Gemma): a folder's w gets the 1 at
+    # load; a GGUF stores it folded already
     scaled_embedding: bool = False  # embeddings times sqrt(hidden_size) (Gemma)
 
 
@@ -109,13 +110,13 @@ class ModelConfig:
         if self.rope_scaling.rope_type not in ROPE_TYPES:
             raise InfernoError(f"model config: rope type {self.rope_scaling.rope_type!r} is not "
                                f"supported (supported: {', '.join(ROPE_TYPES)})")
-        if self.activation not in ("silu", "gelu_tanh"):
+        if self.activation not in ACTIVATIONS.values():
             raise InfernoError(f"model config: activation {self.activation!r} is not supported "
                                f"(supported: silu, gelu_pytorch_tanh)")
         if self.layer_windows and (len(self.layer_windows) != self.num_hidden_layers
                                    or min(self.layer_windows) < 0):
-            raise InfernoError(f"model config: {len(self.layer_windows)} layer windows for "
-                               f"{self.num_hidden_layers} layers")
+            raise InfernoError(f"model config: layer windows {self.layer_windows} do not give "
+                               f"each of {self.num_hidden_layers} layers a window of 0 or more")
         if any(self.layer_windows) and self.rope_local_theta is None:
             object.__setattr__(self, "rope_local_theta", self.rope_theta)
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
@@ -137,11 +138,6 @@ class ModelConfig:
     @property
     def kv_width(self) -> int:
         return self.num_key_value_heads * self.head_dim
-
-    @property
-    def scale(self) -> float:
-        """What attention scores are multiplied by."""
-        return self.attention_scale if self.attention_scale is not None else self.head_dim ** -0.5
 
     def window(self, layer: int) -> int:
         """Layer `layer`'s sliding window in keys; 0 for global attention."""

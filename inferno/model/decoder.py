@@ -53,7 +53,7 @@ class Layer:
         fam = cfg.family
         w = lambda name: ops.weight(tensors.pop(p + name))  # noqa: E731  [out, in] linear weight
         v = lambda name: ops.from_numpy(tensors.pop(p + name))  # noqa: E731  vector
-        norm = lambda name: ops.from_numpy(norm_weight(tensors.pop(p + name), fam.norm_plus_one))  # noqa: E731
+        norm = lambda name: ops.from_numpy(np.asarray(tensors.pop(p + name), np.float32))  # noqa: E731
 
         self.window = cfg.window(i)  # keys in the sliding window; 0: global attention
         self.attn_norm = norm("input_layernorm.weight")  # [hidden]
@@ -109,7 +109,7 @@ class DecoderModel:
         # Gemma scales embeddings by sqrt(hidden), rounded to the embedding's dtype (float32 here).
         self.embed_scale = float(np.float32(math.sqrt(cfg.hidden_size))) if fam.scaled_embedding else None
         self.layers = [Layer(ops, cfg, tensors, i) for i in range(cfg.num_hidden_layers)]
-        self.norm = ops.from_numpy(norm_weight(tensors.pop("model.norm.weight"), fam.norm_plus_one))
+        self.norm = ops.from_numpy(np.asarray(tensors.pop("model.norm.weight"), np.float32))
         # RoPE frequencies per kind of layer: global, and the sliding-window layers' own base.
         self.inv_freq = {False: cfg.inv_freq()}  # [hd / 2]
         if any(layer.window for layer in self.layers):
@@ -129,8 +129,9 @@ class DecoderModel:
                      layer.mlp_norm, *(layer.qkv_bias or ()),
                      *(n for n in (layer.q_norm, layer.k_norm, layer.post_attn_norm,
                                    layer.post_mlp_norm) if n is not None)]
-        embed_row = self.embed_tokens.nbytes // self.cfg.vocab_size
-        return sum(int(m.nbytes) for m in mats) + (0 if self.cfg.tie_word_embeddings else embed_row)
+        nbytes = self.ops.weight_nbytes
+        embed_row = nbytes(self.embed_tokens) // self.cfg.vocab_size
+        return sum(nbytes(m) for m in mats) + (0 if self.cfg.tie_word_embeddings else embed_row)
 
     def forward(self, token_ids, cache: KVCache | None = None, last_only: bool = False):
         """Logits for one sequence's `token_ids`, [n, vocab] (or [1, vocab] with `last_only`), as
@@ -146,6 +147,8 @@ class DecoderModel:
         `all_logits` every row's, segment by segment. Each segment's K/V are written into its
         cache slot and the slot's length set to its end."""
         ops, cfg = self.ops, self.cfg
+        if not segments:
+            raise InfernoError("a step needs at least one segment")
         if cache is None and (len(segments) != 1 or segments[0].start):
             raise InfernoError("an uncached forward takes one sequence from position 0")
         for s in segments:
@@ -238,13 +241,6 @@ class DecoderModel:
 
     def _post_norm(self, x, w):
         return x if w is None else self.ops.rms_norm(x, w, self.cfg.rms_norm_eps)
-
-
-def norm_weight(w, plus_one: bool):
-    """An RMSNorm weight as float32, with Gemma's (1 + w) folded in: exactly what its norm
-    multiplies by (transformers adds in float32 too)."""
-    w = np.asarray(w, dtype=np.float32)
-    return w + np.float32(1.0) if plus_one else w
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -110,10 +110,6 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
         if arch == "llama" and info.name.endswith((".attn_q.weight", ".attn_k.weight")):
             heads = config.num_attention_heads if ".attn_q." in info.name else config.num_key_value_heads
             w = unpermute_qk(w, heads, f"{path.name}: tensor {info.name}")
-        if config.family.norm_plus_one and info.name.endswith("norm.weight"):
-            # llama.cpp's converter stores Gemma's norms as 1 + w; the model folds the 1 in
-            # itself, as it does for a Hugging Face folder.
-            w = w - np.float32(1.0)
         tensors[hf_name(info.name, arch)] = w
     _notice_dequantised(path, slow)
     return Checkpoint(config, tensors, tokenizer, source=str(path), file_format="gguf",

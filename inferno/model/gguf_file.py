@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from inferno.backends.quant import GGML_TYPES
 from inferno.errors import InfernoError
 
 MAGIC = b"GGUF"
@@ -32,20 +33,6 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME = 256  # characters in a key or tensor name
 MAX_NESTING = 8  # arrays of arrays: none in real files, so a small bound against deep recursion
-
-# GGML type id -> (name, weights per block, bytes per block), ggml.h's table. An id missing here
-# is looked up in the gguf package, for types newer than this table.
-GGML_TYPES = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
-    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66),
-    17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
-    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82),
-    23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4),
-    27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2),
-    34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
-}
 
 # Metadata value type id -> little-endian scalar format; 8 is a string, 9 an array.
 STRING, ARRAY, BOOL = 8, 9, 7

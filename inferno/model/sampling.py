@@ -60,7 +60,7 @@ class SamplingDefaults:
         for source, layer in layers:
             for field, value in layer.items():
                 if field in values and value is not None:
-                    values[field], sources[field] = value, source
+                    values[field], sources[field] = _number(field, value, source), source
         SamplingParams(**values)  # a model's own bad value is an error at load, not mid-reply
         return cls(values, sources)
 
@@ -84,6 +84,18 @@ class SamplingDefaults:
                 source, value = self.sources[field], self.values[field]
             by_source.setdefault(source, []).append(f"{field} {value:g}")
         return "; ".join(f"{', '.join(fields)} ({source})" for source, fields in by_source.items())
+
+
+def _number(field: str, value, source: str):
+    """A model file's sampling value as the number SamplingParams takes (top_k an int), or one
+    line naming the file when it is something else."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and field == "top_k":
+        ok = float(value).is_integer()
+        value = int(value) if ok else value
+    if not ok:
+        raise InfernoError(f"{source}: {field} is {value!r:.40}, not a number; fix or remove it")
+    return value
 
 
 def generation_config_sampling(generation: dict) -> dict:

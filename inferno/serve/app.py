@@ -56,6 +56,7 @@ class ServerConfig:
     chunk: int = 256
     flash: bool = True
     cache_type: str | None = None
+    weights: str | None = None
     api_key: str | None = None
     model_id: str | None = None
 
@@ -74,7 +75,7 @@ class ServerConfig:
         if self.backend == "pool":
             options = pool_defaults(options)
         engine = load(self.model, backend=self.backend, flash=self.flash, cache_type=self.cache_type,
-                      progress=False, **options)
+                      weights=self.weights, progress=False, **options)
         try:
             return BatchEngine(engine, parallel=self.parallel, ctx_size=self.ctx_size,
                                queue_limit=self.queue_limit, chunk=self.chunk, metrics=metrics)
@@ -94,7 +95,8 @@ def pool_defaults(options: dict) -> dict:
     launch (pool.py's NOTE), and one launch waits for all of them."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if options.get("threads") is None:
-        options["threads"] = max(1, (os.cpu_count() or 1) - 1)
+        import numba
+        options["threads"] = max(1, numba.config.NUMBA_NUM_THREADS - 1)  # the pool's own ceiling
     return options
 
 
@@ -240,10 +242,9 @@ def submit(batch: BatchEngine, ids, options, n: int, max_field: str) -> Handle:
                        headers={"Retry-After": "1"}) from None
     except Closed as e:
         raise APIError(503, str(e), kind="server_error") from None
-    except InfernoError as e:
-        text = str(e)
-        param = max_field if "max_tokens" in text else "n" if "--parallel" in text else None
-        raise APIError(400, text, param=param) from None
+    except InfernoError as e:  # the request's own values: its field is the error's first param
+        param = e.params[0] if e.params else None
+        raise APIError(400, str(e), param=max_field if param == "max_tokens" else param) from None
 
 
 async def respond(request: Request, req, resp: Response, handle: Handle):

@@ -35,7 +35,7 @@ from typing import Iterable
 
 import numpy as np
 
-from inferno.engine import Engine, check_ctx_size
+from inferno.engine import EMPTY_PROMPT, Engine, check_ctx_size, check_max_tokens
 from inferno.errors import InfernoError
 from inferno.model.decoder import Segment
 from inferno.serve.metrics import Metrics
@@ -100,7 +100,6 @@ class BatchEngine:
         self.queue_limit, self.chunk = queue_limit, chunk
         self.metrics = metrics or Metrics()
         self.cache = engine.model.new_cache(ctx_size, slots=parallel)
-        self.eos = frozenset(engine.tokenizer.eos_ids) | frozenset(engine.config.eos_token_ids)
         self.free = list(range(parallel - 1, -1, -1))  # slot numbers, popped from the end
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -122,21 +121,25 @@ class BatchEngine:
         prompts = [self._check_prompt(p, options.max_tokens) for p in prompts]
         if options.sampling is None:
             options = replace(options, sampling=self.engine.sampling.params())
-        if n < 1 or options.max_tokens < 1:
-            raise InfernoError(f"n and max_tokens must be at least 1, got {n} and {options.max_tokens}")
+        if n < 1:
+            raise InfernoError(f"n must be at least 1, got {n}", params=("n",))
+        check_max_tokens(options.max_tokens)
         if options.top_logprobs and not 0 < options.top_logprobs <= 20:
-            raise InfernoError(f"top_logprobs must be between 0 and 20, got {options.top_logprobs}")
+            raise InfernoError(f"top_logprobs must be between 0 and 20, got {options.top_logprobs}",
+                               params=("top_logprobs",))
         vocab = self.engine.config.vocab_size
         if any(not 0 <= t < vocab for t, _ in options.logit_bias):
-            raise InfernoError(f"logit_bias: a token id is out of range for a vocabulary of {vocab}")
+            raise InfernoError(f"logit_bias: a token id is out of range for a vocabulary of {vocab}",
+                               params=("logit_bias",))
         count = len(prompts) * n
         if count > self.parallel:
-            raise InfernoError(f"{count} sequences in one request is more than the {self.parallel} "
-                               f"slots (--parallel): ask for fewer")
+            raise InfernoError(f"n: {count} sequences in one request is more than the server's "
+                               f"{self.parallel} slots (parallel): ask for fewer",
+                               params=("n", "parallel"))
         handle = Handle(self, count, loop)
         handle.prompt_tokens = sum(map(len, prompts))
         now = time.perf_counter()
-        seqs = [Sequence(handle, i * n + j, p, options, self.engine.tokenizer, self.eos, now)
+        seqs = [Sequence(handle, i * n + j, p, options, self.engine.tokenizer, self.engine.eos, now)
                 for i, p in enumerate(prompts) for j in range(n)]
         with self._lock:
             if self._closed:
@@ -164,12 +167,9 @@ class BatchEngine:
         return texts
 
     def _check_prompt(self, ids, max_tokens: int) -> list[int]:
-        ids = [int(t) for t in ids]
+        ids = self.engine._check_ids(ids).tolist()
         if not ids:
-            raise InfernoError("the prompt is empty: give some text")
-        vocab = self.engine.config.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise InfernoError(f"token id out of range for a vocabulary of {vocab}")
+            raise InfernoError(EMPTY_PROMPT)
         if len(ids) + max_tokens > self.ctx_size:
             raise InfernoError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = "
                                f"{len(ids) + max_tokens} exceeds the context of {self.ctx_size} "
