@@ -8,7 +8,9 @@ Tables (medians of -r rounds; variants interleaved within a round, wall-clock ti
   (weights multiplied per second) and GB/s (the weight's own bytes read per second); F32 is
   today's float32 kernel on the same shape. "big" is one [8192, 4096] matrix (bigger than the
   caches); "smol" is SmolLM2-135M's seven matrices of a layer, 30 copies of each called in model
-  order, so they stream from DRAM as a real decode step does.
+  order, so they stream from DRAM as a real decode step does; "1.7b" Qwen3-1.7B's, 4 copies.
+  The `x` column says how the activations went in: f32, or int8 (qdot.py: the kinds it covers,
+  where the machine has AVX2; the backends' default there).
 - few rows: 2..16 activation rows (the server's batched decode step) on one thread; Gw/s counts
   weights x rows, "reads" how many times faster than one matvec per row that is.
 - prefill: 512 activation rows on one thread, GFLOP/s against float32 sgemm on the same shape.
@@ -34,11 +36,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from qblocks import random_blocks  # noqa: E402
 
+from inferno.backends import qkernels as Q  # noqa: E402
+from inferno.backends.ilanes import fast_int_dot  # noqa: E402
 from inferno.backends.pool import PoolBackend  # noqa: E402
 from inferno.backends.quant import QTYPES, QuantTensor  # noqa: E402
 from inferno.backends.simd import SimdBackend  # noqa: E402
 
 SMOL_LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+QWEN_1_7B_LAYER = [(2048, 2048), (1024, 2048), (1024, 2048), (2048, 2048), (6144, 2048), (6144, 2048),
+                   (2048, 6144)]
 FILES = [Path.home() / ".cache/inferno/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf",
          Path.home() / ".cache/inferno/bench/SmolLM2-135M-Instruct.Q8_0.gguf",
          Path.home() / ".cache/inferno/bench/SmolLM2-135M-Instruct.Q4_K_M.gguf"]
@@ -90,20 +96,27 @@ def weights(name: str, shapes, copies: int):
 def decode_table(types, reps):
     simd, pool = SimdBackend(), PoolBackend(threads=2)
     print("\ndecode (one activation row): Gw/s and GB/s of the weight's bytes")
-    print(f"{'type':<6} {'shape':<6} {'simd Gw/s':>10} {'GB/s':>6} {'pool-2 Gw/s':>12} {'GB/s':>6}")
-    for shape_name, shapes, copies in (("big", [(8192, 4096)], 1), ("smol", SMOL_LAYER, 30)):
+    print(f"{'type':<6} {'x':<4} {'shape':<6} {'simd Gw/s':>10} {'GB/s':>6} {'pool-2 Gw/s':>12} {'GB/s':>6}")
+    shape_sets = (("big", [(8192, 4096)], 1), ("smol", SMOL_LAYER, 30), ("1.7b", QWEN_1_7B_LAYER, 4))
+    for shape_name, shapes, copies in shape_sets:
         for name in ["F32"] + types:
             ws = weights(name, shapes, copies)
+            if not ws:
+                continue
             xs = {cols: np.random.default_rng(1).standard_normal((1, cols), dtype=np.float32)
                   for _, cols in shapes}
             prepared = {be.name: [be.weight(w) for w in ws] for be in (simd, pool)}
             run = {be.name: (lambda be=be: [be.linear(xs[w.shape[1]], w) for w in prepared[be.name]])
                    for be in (simd, pool)}
-            t = rounds({"simd": run["simd"]}, reps, one_thread=True) | rounds({"pool": run["pool"]}, reps)
-            n = sum(w.shape[0] * w.shape[1] for w in ws)
-            b = sum(w.nbytes for w in ws)
-            print(f"{name:<6} {shape_name:<6} {n / t['simd'] / 1e9:>10.2f} {b / t['simd'] / 1e9:>6.1f} "
-                  f"{n / t['pool'] / 1e9:>12.2f} {b / t['pool'] / 1e9:>6.1f}", flush=True)
+            int8 = name in Q.KINDS and bool(Q.int_dot(Q.KINDS[name])) and fast_int_dot()
+            for x_type in ("f32", "int8") if int8 else ("f32",):
+                simd.int8_activations = pool.int8_activations = x_type == "int8"
+                t = rounds({"simd": run["simd"]}, reps, one_thread=True) | rounds({"pool": run["pool"]}, reps)
+                n = sum(w.shape[0] * w.shape[1] for w in ws)
+                b = sum(w.nbytes for w in ws)
+                print(f"{name:<6} {x_type:<4} {shape_name:<6} {n / t['simd'] / 1e9:>10.2f} "
+                      f"{b / t['simd'] / 1e9:>6.1f} {n / t['pool'] / 1e9:>12.2f} {b / t['pool'] / 1e9:>6.1f}",
+                      flush=True)
     simd.close()
     pool.close()
 

@@ -4,10 +4,17 @@ dequantisation followed by a float32 matmul (QuantTensor.dequantize, the cpu bac
 Weights are random blocks built byte by byte (qblocks.py): zero and extreme float16 scales,
 negative mins, every nibble and sign; rows of one block and of many; row counts that are not a
 multiple of the kernels' two rows per pass; 1 (decode), 2..16 (a few) and more (prefill)
-activation rows. The kernels take float32 activations, so they agree with the reference within
-float32 rounding: the error of each output, relative to sum(|w| |x|) over its row, stays under
+activation rows. With float32 activations the kernels agree with the reference within float32
+rounding: the error of each output, relative to sum(|w| |x|) over its row, stays under
 1e-7 x sqrt(cols) (float32's unit roundoff is 6e-8; summation order differs, as in BLAS).
 Dequantised weights (embedding, prefill tiles) are equal to the reference bit for bit.
+
+Decode matvecs of Q4_K and Q6_K weights take int8 activations where the machine multiplies
+bytes fast (qdot.py; the backends' int8_activations): ggml's Q8_K, one scale dx per 256 values.
+Such a matvec is pinned twice: to the reference run on the dequantised int8 activations, within
+float32 rounding as above; and to the reference on the float32 activations within what rounding
+them may cost, sum over the row of |w_i| dx / 2 (each activation moves by at most half a step),
+which is ggml's own error for these kernels.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize as gguf_quantize
 from qblocks import random_blocks
 
+from inferno.backends import qdot
 from inferno.backends import qkernels as Q
 from inferno.backends.cpu import CpuBackend
 from inferno.backends.pool import PoolBackend
@@ -58,6 +66,32 @@ def assert_rounding_close(got, x, w: QuantTensor):
     assert err.max() <= tol, f"max error {err.max():.3g} x sum|w||x| (tolerance {tol:.3g})"
 
 
+def int8_activations(x):
+    """x [1, cols] as the int8 kernels see it: (the dequantised int8 row [1, cols], dx per 256)."""
+    x8, dx, _ = qdot.quantize(x[0])
+    return (x8.reshape(-1, 256) * dx[:, None]).reshape(1, -1).astype(np.float32), dx
+
+
+def assert_int8_close(got, x, w: QuantTensor):
+    """got is x @ w.T computed from int8 activations: within float32 rounding of the reference
+    on those, and within their rounding of the reference on x (see the module docstring)."""
+    xq, dx = int8_activations(x)
+    assert_rounding_close(got, xq, w)
+    dq = np.abs(w.dequantize().astype(np.float64))  # [rows, cols]
+    bound = (dq.reshape(w.shape[0], -1, 256).sum(axis=2) * dx).sum(axis=1) / 2  # [rows]
+    err = np.abs(got[0] - x[0].astype(np.float64) @ w.dequantize().astype(np.float64).T)
+    slack = 1e-7 * np.sqrt(w.shape[1]) * (dq @ np.abs(x[0].astype(np.float64)))  # float rounding
+    assert (err <= bound + slack).all(), f"max error {(err / bound).max():.3g} x sum|w| dx / 2"
+
+
+def assert_matches(ops, got, x, w: QuantTensor):
+    """got == x @ w.T as the kernel that ran promises: float32 rounding, or int8 activations'."""
+    if ops.int8_activations and x.shape[0] == 1 and Q.int_dot(Q.KINDS[w.qtype.name]):
+        assert_int8_close(got, x, w)
+    else:
+        assert_rounding_close(got, x, w)
+
+
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("rows,blocks", [(1, 1), (2, 3), (7, 2), (33, 5)])
 @pytest.mark.parametrize("batch", [1, 2, 3, 7, 16, 17])
@@ -65,8 +99,27 @@ def test_linear_matches_dequantised_matmul(ops, name, rows, blocks, batch):
     w = random_blocks(name, rows, width(name, blocks), seed=rows * 31 + blocks, readonly=True)
     x = np.random.default_rng(batch).standard_normal((batch, w.shape[1]), dtype=np.float32)
     got = ops.linear(x, ops.weight(w))
-    assert_rounding_close(got, x, w)
+    assert_matches(ops, got, x, w)
     assert_rounding_close(REF.linear(x, REF.weight(w)), x, w)  # the reference meets it too
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("rows,blocks", [(1, 1), (7, 2), (33, 5)])
+def test_decode_with_and_without_int8_activations(ops, name, int8, rows, blocks, monkeypatch):
+    """Both decode kernels of the K-quants, whichever the machine picks by default: float32
+    activations (exact), and int8 ones (where x86 has no AVX2 they compile to plain LLVM vector
+    arithmetic: correct, if slow). Activations of every scale, a zero run and a lone spike."""
+    monkeypatch.setattr(ops, "int8_activations", int8)
+    w = random_blocks(name, rows, width(name, blocks), seed=rows + blocks, readonly=True)
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((1, w.shape[1]), dtype=np.float32)
+    x *= rng.choice([1e-6, 1.0, 1e4], (1, w.shape[1] // 256)).repeat(256, axis=1).astype(np.float32)
+    x[0, :256] = 0.0  # dx = 0: every qx 0
+    if blocks > 1:
+        x[0, 300] = 1e3  # one value sets the scale of its 256
+    got = ops.linear(x, ops.weight(w))
+    (assert_int8_close if int8 else assert_rounding_close)(got, x, w)
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -113,7 +166,7 @@ def test_linear_many_fuses_mixed_types(ops):
         outs = ops.linear_many(x, [ops.weight(w) for w in ws])
         assert len(outs) == 3
         for got, w in zip(outs, ws):
-            assert_rounding_close(got, x, w)
+            assert_matches(ops, got, x, w)
 
 
 def test_linear_rejects_a_mismatched_width(ops):

@@ -251,26 +251,31 @@ def vnibhi(typingctx, f, o, shift, oh, hshift, hmask, bias):
     return f32x16(f, types.intp, shift, types.intp, hshift, hmask, bias), codegen
 
 
+def kscale_bytes(context, builder, sig, args):
+    """The 8 scales and 8 mins of a Q4_K/Q5_K super-block, 6 bits each, packed in the 12 bytes
+    f[o:o + 12] (args: f, o), as <16 x i8> (ggml's get_scale_min_k4, as its AVX2 code unpacks
+    them: three 32-bit words, masks and shifts)."""
+    words = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 3), align=1)
+    u0, u1, u2 = (builder.extract_element(words, ir.Constant(_I32, i)) for i in range(3))
+    k1, k2, k3 = (ir.Constant(_I32, v) for v in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
+
+    def top2(u):  # each byte's top two bits, moved to bits 4-5
+        return builder.shl(builder.and_(builder.lshr(u, ir.Constant(_I32, 6)), k3), ir.Constant(_I32, 4))
+    sc_lo, mn_lo = builder.and_(u0, k1), builder.and_(u1, k1)
+    sc_hi = builder.or_(builder.and_(u2, k2), top2(u0))
+    mn_hi = builder.or_(builder.and_(builder.lshr(u2, ir.Constant(_I32, 4)), k2), top2(u1))
+    packed = ir.Constant(ir.VectorType(_I32, 4), ir.Undefined)
+    for i, v in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
+        packed = builder.insert_element(packed, v, ir.Constant(_I32, i))
+    return builder.bitcast(packed, ir.VectorType(_I8, LANES))
+
+
 @intrinsic
 def vkscales(typingctx, f, o):
-    """The 8 scales (lanes 0-7) and 8 mins (lanes 8-15) of a Q4_K/Q5_K super-block, 6 bits each,
-    packed in the 12 bytes f[o:o + 12] (ggml's get_scale_min_k4, as its AVX2 code unpacks them:
-    three 32-bit words, masks and shifts, then one widening of the 16 bytes)."""
+    """The 8 scales (lanes 0-7) and 8 mins (lanes 8-15) of a Q4_K/Q5_K super-block
+    (kscale_bytes), as float32: one widening of the 16 bytes."""
     def codegen(context, builder, sig, args):
-        words = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 3), align=1)
-        u0, u1, u2 = (builder.extract_element(words, ir.Constant(_I32, i)) for i in range(3))
-        k1, k2, k3 = (ir.Constant(_I32, v) for v in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
-
-        def top2(u):  # each byte's top two bits, moved to bits 4-5
-            return builder.shl(builder.and_(builder.lshr(u, ir.Constant(_I32, 6)), k3), ir.Constant(_I32, 4))
-        sc_lo, mn_lo = builder.and_(u0, k1), builder.and_(u1, k1)
-        sc_hi = builder.or_(builder.and_(u2, k2), top2(u0))
-        mn_hi = builder.or_(builder.and_(builder.lshr(u2, ir.Constant(_I32, 4)), k2), top2(u1))
-        packed = ir.Constant(ir.VectorType(_I32, 4), ir.Undefined)
-        for i, v in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
-            packed = builder.insert_element(packed, v, ir.Constant(_I32, i))
-        b = builder.bitcast(packed, ir.VectorType(_I8, LANES))
-        return builder.uitofp(b, _VF)
+        return builder.uitofp(kscale_bytes(context, builder, sig, args), _VF)
     return f32x16(f, types.intp), codegen
 
 

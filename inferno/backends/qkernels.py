@@ -9,7 +9,9 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
 
 - decode (`matvec_rows`): one activation row, two weight rows per pass sharing each load of x,
   16-lane accumulators in registers reduced once per row, and sum(s * (q . x)) + sum(m * sum(x))
-  so the offset costs one scalar multiply-add per group;
+  so the offset costs one scalar multiply-add per group; for Q4_K and Q6_K, where the backend
+  allows (its int8_activations), the row is quantized to int8 once per call and multiplied in
+  integers instead (qdot.py: 2-3x the weights per second);
 - a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
   row decoded once for up to four activation rows;
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
@@ -19,8 +21,9 @@ Exactness: a group's products s * q are exact in float32 (an 11-bit half times i
 most 7 + 6 bits), so dequantised weights equal the gguf package's bit for bit, and the dot
 products differ from a float32 matmul of those weights only by summation order.
 
-NOTE: Numba's cache (cache=True) is keyed on this file alone: after editing lanes.py, delete
-__pycache__/qkernels.* or touch this file, or stale machine code runs.
+NOTE: Numba's cache (cache=True) is keyed on this file's contents alone: after editing lanes.py,
+ilanes.py or qdot.py, delete __pycache__/qkernels.* (touching this file is not enough), or stale
+machine code runs.
 
 Row geometry: cols is a multiple of 32 (the quantized kinds' blocks are 32 or 256 weights; a
 F16/BF16 weight whose rows are not is kept as float32 by the backend instead).
@@ -31,6 +34,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from inferno.backends import qdot
+from inferno.backends.qdot import Q4_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
 from inferno.backends.kernels import FAST
 from inferno.backends.lanes import (
     f16at, f16bits, prefetch, stack_f32, u32at, vadd, vbf16, vf16, vfma, vhalves, vi8, vkscales,
@@ -135,9 +140,26 @@ def group_sums(x, xs):
 
 # -- decode and a few activation rows ------------------------------------------------------------------
 @jit
-def rows_kernel(kind, w, x, xs, out, col, r0, r1):
-    """out[:, col + r0:col + r1] = x @ w[r0:r1].T for x [B <= FEW_MAX, cols], xs its group sums
-    (col: where this weight's outputs start, in a buffer several weights share).
+def int_dot(kind):
+    """Whether the decode matvec of this kind can take int8 activations (qdot.py)."""
+    return kind == Q4_K or kind == Q6_K
+
+
+@jit
+def activations(x, xs, quantized):
+    """What the row kernels take besides x: its group sums into xs, and, if `quantized`, x's
+    one row as int8 (qdot.quantize; else qdot.empty(), and the kernels keep float32)."""
+    group_sums(x, xs)
+    if quantized:
+        return qdot.quantize(x[0])
+    return qdot.empty()
+
+
+@jit
+def rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
+    """out[:, col + r0:col + r1] = x @ w[r0:r1].T for x [B <= FEW_MAX, cols], xs its group sums,
+    xq its row quantized or empty (`activations`), col where this weight's outputs start, in a
+    buffer several weights share.
 
     Each kind gets its own compiled loops: a global constant passed to a jitted function is
     typed as a literal, so `_rows(Q8_0, ...)` compiles a copy in which every branch on the kind
@@ -145,30 +167,34 @@ def rows_kernel(kind, w, x, xs, out, col, r0, r1):
     on the kind inside the loops cost 5-30% of the matvec (Q5_0 11 -> 13.7 Gw/s in cache, one
     core) and 2-3x of few_rows."""
     if kind == Q8_0:
-        _rows(Q8_0, w, x, xs, out, col, r0, r1)
+        _rows(Q8_0, w, x, xs, xq, out, col, r0, r1)
     elif kind == Q4_0:
-        _rows(Q4_0, w, x, xs, out, col, r0, r1)
+        _rows(Q4_0, w, x, xs, xq, out, col, r0, r1)
     elif kind == Q4_1:
-        _rows(Q4_1, w, x, xs, out, col, r0, r1)
+        _rows(Q4_1, w, x, xs, xq, out, col, r0, r1)
     elif kind == Q5_0:
-        _rows(Q5_0, w, x, xs, out, col, r0, r1)
+        _rows(Q5_0, w, x, xs, xq, out, col, r0, r1)
     elif kind == Q5_1:
-        _rows(Q5_1, w, x, xs, out, col, r0, r1)
+        _rows(Q5_1, w, x, xs, xq, out, col, r0, r1)
     elif kind == Q4_K:
-        _rows(Q4_K, w, x, xs, out, col, r0, r1)
+        _rows(Q4_K, w, x, xs, xq, out, col, r0, r1)
     elif kind == Q5_K:
-        _rows(Q5_K, w, x, xs, out, col, r0, r1)
+        _rows(Q5_K, w, x, xs, xq, out, col, r0, r1)
     elif kind == Q6_K:
-        _rows(Q6_K, w, x, xs, out, col, r0, r1)
+        _rows(Q6_K, w, x, xs, xq, out, col, r0, r1)
     elif kind == F16:
-        _rows(F16, w, x, xs, out, col, r0, r1)
+        _rows(F16, w, x, xs, xq, out, col, r0, r1)
     else:
-        _rows(BF16, w, x, xs, out, col, r0, r1)
+        _rows(BF16, w, x, xs, xq, out, col, r0, r1)
 
 
 @jit
-def _rows(kind, w, x, xs, out, col, r0, r1):
-    if x.shape[0] == 1:
+def _rows(kind, w, x, xs, xq, out, col, r0, r1):
+    if x.shape[0] == 1 and xq[0].shape[0] > 0 and kind == Q4_K:
+        qdot.k_rows(Q4_K_BYTES, w, xq[0], xq[1], xq[2], out[0, col:], r0, r1)
+    elif x.shape[0] == 1 and xq[0].shape[0] > 0 and kind == Q6_K:
+        qdot.k_rows(Q6_K_BYTES, w, xq[0], xq[1], xq[2], out[0, col:], r0, r1)
+    elif x.shape[0] == 1:
         matvec_rows(kind, w, x, xs, out[0, col:], r0, r1)
     else:
         few_rows(kind, w, x, xs, out[:, col:], r0, r1)
@@ -355,16 +381,17 @@ def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
 
 # -- serial drivers (the simd backend) ----------------------------------------------------------------
 @jit
-def linear(kind, w, x, out, tile):
-    """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B."""
+def linear(kind, w, x, out, tile, quantized):
+    """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B; `quantized`: a decode
+    matvec may take int8 activations where the kind can (int_dot)."""
     B, rows = x.shape[0], w.shape[0]
     if B > FEW_MAX:
         scratch = np.empty(tile * x.shape[1] + B * tile, np.float32)
         prefill_rows(kind, w, x, out, 0, rows, tile, scratch)
         return
     xs = np.empty((B, x.shape[1] // 32), np.float32)
-    group_sums(x, xs)
-    rows_kernel(kind, w, x, xs, out, 0, 0, rows)
+    xq = activations(x, xs, quantized and B == 1 and int_dot(kind))
+    rows_kernel(kind, w, x, xs, xq, out, 0, 0, rows)
 
 
 # -- parallel drivers (the pool backend): one launch, rows split across Numba's OpenMP team ----------
@@ -377,7 +404,7 @@ def _bounds(n, c, chunks, align):
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_par(kind, w, x, out, tile, chunks):
+def linear_par(kind, w, x, out, tile, chunks, quantized):
     """`linear`, its rows split into `chunks` ranges, each on a thread of the team."""
     B, rows, n = x.shape[0], w.shape[0], x.shape[1]
     if B > FEW_MAX:
@@ -388,20 +415,23 @@ def linear_par(kind, w, x, out, tile, chunks):
             prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch[c])
         return
     xs = np.empty((B, n // 32), np.float32)
-    group_sums(x, xs)
+    xq = activations(x, xs, quantized and B == 1 and int_dot(kind))
     for c in nb.prange(chunks):
-        rows_kernel(kind, w, x, xs, out, 0, _bounds(rows, c, chunks, 2), _bounds(rows, c + 1, chunks, 2))
+        rows_kernel(kind, w, x, xs, xq, out, 0, _bounds(rows, c, chunks, 2), _bounds(rows, c + 1, chunks, 2))
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_many_par(kinds, ws, x, out, chunks):
+def linear_many_par(kinds, ws, x, out, chunks, quantized):
     """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
     B <= FEW_MAX rows of x: the weights' rows, taken end to end as one range, split into
     `chunks` pieces (a piece may span two weights). The weights may differ in kind and rows;
     they share cols, so a row costs about the same in any."""
     B, n = x.shape[0], x.shape[1]
     xs = np.empty((B, n // 32), np.float32)
-    group_sums(x, xs)
+    any_int = False
+    for k in range(len(kinds)):
+        any_int = any_int or int_dot(kinds[k])
+    xq = activations(x, xs, quantized and B == 1 and any_int)
     total = out.shape[1]
     for c in nb.prange(chunks):
         lo, hi = _bounds(total, c, chunks, 2), _bounds(total, c + 1, chunks, 2)
@@ -410,7 +440,7 @@ def linear_many_par(kinds, ws, x, out, chunks):
             rows = ws[k].shape[0]
             r0, r1 = max(lo - start, 0), min(hi - start, rows)
             if r0 < r1:
-                rows_kernel(kinds[k], ws[k], x, xs, out, start, r0, r1)
+                rows_kernel(kinds[k], ws[k], x, xs, xq, out, start, r0, r1)
             start += rows
 
 

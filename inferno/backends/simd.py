@@ -23,6 +23,7 @@ from inferno.backends import kernels as K
 from inferno.backends import kv_kernels as KV
 from inferno.backends import qkernels as Q
 from inferno.backends.base import CACHE_TYPES, Backend, check_decode, check_window, score_scale
+from inferno.backends.ilanes import fast_int_dot
 from inferno.backends.quant import QuantTensor
 from inferno.errors import InfernoError
 
@@ -96,6 +97,9 @@ class SimdBackend(Backend):
     name = "simd"
     threads = 1
     default_cache_type = "f16"  # llama.cpp's default: half the bytes decode reads, same answers
+    # Decode matvecs of Q4_K and Q6_K weights take the activation row as int8 (qdot.py) where
+    # the machine multiplies bytes fast; False keeps float32 activations (the exact kernels).
+    int8_activations = fast_int_dot()
 
     def __init__(self):
         blas.limit_to_one_thread()  # sgemm on this core only
@@ -126,7 +130,8 @@ class SimdBackend(Backend):
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
         if isinstance(w, QuantTensor):
             check_width(x, w)
-            Q.linear(Q.KINDS[w.qtype.name], w.data, x, out, prefill_tile(w.shape[1]))
+            Q.linear(Q.KINDS[w.qtype.name], w.data, x, out, prefill_tile(w.shape[1]),
+                     self.int8_activations)
         elif x.shape[0] == 1:
             K.matvec(w, x[0], out[0], 0, w.shape[0])
         else:

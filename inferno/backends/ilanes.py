@@ -1,0 +1,332 @@
+"""Integer vectors for Numba kernels: the int8 dot products of quantized weights with quantized
+activations (qdot.py), as LLVM's `<32 x i8>`, `<16 x i16>` and `<8 x i32>` (one 256-bit
+register each), and `<8 x float>` for their float sums.
+
+The two multiplies x86 does on bytes are chosen when the kernels compile, from the features of
+the machine Numba compiles for (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, else the host's; Numba's
+cache is keyed on them, so code chosen here never runs on a machine without them):
+- `maddubs`: unsigned bytes x signed bytes, adjacent pairs summed to int16 (AVX2's vpmaddubsw);
+- `dpbusd`: the same with adjacent quads summed into int32 lanes of an accumulator (VNNI's
+  vpdpbusd with AVX512-VNNI + VL or AVX-VNNI; else vpmaddubsw, vpmaddwd by ones and an add).
+Without AVX2 (another ISA, or x86 without it) each is written as plain LLVM vector arithmetic
+(widen, multiply, add even and odd lanes), which LLVM lowers for any target: correct
+everywhere, fast only where the backend finds the same instructions. The backends use these
+kernels by default only where AVX2 is there (`fast_int_dot`).
+
+Byte loads read in place with no alignment assumed and no bounds checks (see lanes.py).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+from inferno.backends.lanes import _VF, _address, f32x16, kscale_bytes
+
+_I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_F32 = ir.FloatType()
+_B = ir.VectorType(_I8, 32)
+_W = ir.VectorType(_I16, 16)
+_D = ir.VectorType(_I32, 8)
+_F8 = ir.VectorType(_F32, 8)
+_W32 = ir.VectorType(_I32, 16)
+
+
+class I8x32(types.Type):
+    llty = _B
+
+    def __init__(self):
+        super().__init__(name="i8x32")
+
+
+class I16x16(types.Type):
+    llty = _W
+
+    def __init__(self):
+        super().__init__(name="i16x16")
+
+
+class I32x8(types.Type):
+    llty = _D
+
+    def __init__(self):
+        super().__init__(name="i32x8")
+
+
+class F32x8(types.Type):
+    llty = _F8
+
+    def __init__(self):
+        super().__init__(name="f32x8")
+
+
+i8x32, i16x16, i32x8, f32x8 = I8x32(), I16x16(), I32x8(), F32x8()
+
+
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, fe_type.llty)
+
+
+for _cls in (I8x32, I16x16, I32x8, F32x8):
+    register_model(_cls)(_VecModel)
+
+
+def target_features() -> set[str]:
+    """The features Numba compiles for: NUMBA_CPU_FEATURES if set, else the host's."""
+    from numba.core import config
+    from numba.core.codegen import get_host_cpu_features
+
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return {f[1:] for f in features.split(",") if f.startswith("+")}
+
+
+def fast_int_dot() -> bool:
+    """Whether the byte multiplies compile to x86's (see the module docstring)."""
+    return "avx2" in target_features()
+
+
+def _vnni() -> bool:
+    f = target_features()
+    return ("avx512vnni" in f and "avx512vl" in f) or "avxvnni" in f
+
+
+def _const(vty, value):
+    return ir.Constant(vty, [value] * vty.count)
+
+
+def _splat(builder, scalar, vty):
+    undef = ir.Constant(vty, ir.Undefined)
+    v = builder.insert_element(undef, scalar, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, vty.count), [0] * vty.count))
+
+
+def _x86(builder, name, ret, args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _pairs(builder, v, wide):
+    """Adjacent lanes of v added: lane i of the result is v[2i] + v[2i + 1], in type `wide`."""
+    n = v.type.count // 2
+    even = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(0, 2 * n, 2))))
+    odd = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(1, 2 * n, 2))))
+    return builder.add(even, odd) if even.type == wide else builder.add(builder.sext(even, wide), builder.sext(odd, wide))
+
+
+def _maddubs(builder, u, s):
+    if fast_int_dot():
+        return _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _W, [u, s])
+    prod = builder.mul(builder.zext(u, ir.VectorType(_I16, 32)), builder.sext(s, ir.VectorType(_I16, 32)))
+    n = 16
+    even = builder.shuffle_vector(prod, prod, ir.Constant(ir.VectorType(_I32, n), list(range(0, 32, 2))))
+    odd = builder.shuffle_vector(prod, prod, ir.Constant(ir.VectorType(_I32, n), list(range(1, 32, 2))))
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_W, [_W, _W]), "llvm.sadd.sat.v16i16")
+    return builder.call(fn, [even, odd])
+
+
+def _maddwd(builder, a, b):
+    if fast_int_dot():
+        return _x86(builder, "llvm.x86.avx2.pmadd.wd", _D, [a, b])
+    prod = builder.mul(builder.sext(a, _W32), builder.sext(b, _W32))
+    return _pairs(builder, prod, _D)
+
+
+def _int(context, builder, value, ty, to=types.int32):
+    return context.cast(builder, value, ty, to)
+
+
+# -- bytes ---------------------------------------------------------------------------------------------
+@intrinsic
+def bload(typingctx, f, o):
+    """The 32 bytes f[o:o + 32] of a uint8 or int8 array."""
+    def codegen(context, builder, sig, args):
+        return builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I8, 32), align=1)
+    return i8x32(f, types.intp), codegen
+
+
+@intrinsic
+def bbits(typingctx, v, shift, mask):
+    """(v >> shift) & mask, byte by byte (logical shift)."""
+    def codegen(context, builder, sig, args):
+        s, m = (builder.trunc(_int(context, builder, args[i], sig.args[i]), _I8) for i in (1, 2))
+        return builder.and_(builder.lshr(args[0], _splat(builder, s, _B)), _splat(builder, m, _B))
+    return i8x32(i8x32, shift, mask), codegen
+
+
+@intrinsic
+def bhigh(typingctx, lo, hi, shift):
+    """lo | (((hi >> shift) & 3) << 4), byte by byte: a Q6_K quant from its nibble and its two
+    high bits."""
+    def codegen(context, builder, sig, args):
+        s = builder.trunc(_int(context, builder, args[2], sig.args[2]), _I8)
+        h = builder.and_(builder.lshr(args[1], _splat(builder, s, _B)), _const(_B, 3))
+        return builder.or_(args[0], builder.shl(h, _const(_B, 4)))
+    return i8x32(i8x32, i8x32, shift), codegen
+
+
+@intrinsic
+def bsign(typingctx, a, b):
+    """a negated where b < 0 and zeroed where b == 0 (x86's psignb): with a = b it is |b|, and
+    |w| x sign(x, w) multiplies signed bytes through maddubs' unsigned operand."""
+    def codegen(context, builder, sig, args):
+        a, b = args
+        zero = _const(_B, 0)
+        if fast_int_dot():
+            return _x86(builder, "llvm.x86.avx2.psign.b", _B, [a, b])
+        neg = builder.select(builder.icmp_signed("<", b, zero), builder.sub(zero, a), a)
+        return builder.select(builder.icmp_signed("==", b, zero), zero, neg)
+    return i8x32(i8x32, i8x32), codegen
+
+
+# -- products ------------------------------------------------------------------------------------------
+@intrinsic
+def maddubs(typingctx, u, s):
+    """u[2i] s[2i] + u[2i + 1] s[2i + 1] as 16 int16 (u unsigned, s signed bytes; saturating,
+    which the callers' ranges never reach)."""
+    def codegen(context, builder, sig, args):
+        return _maddubs(builder, args[0], args[1])
+    return i16x16(i8x32, i8x32), codegen
+
+
+@intrinsic
+def maddwd(typingctx, a, b):
+    """a[2i] b[2i] + a[2i + 1] b[2i + 1] as 8 int32."""
+    def codegen(context, builder, sig, args):
+        return _maddwd(builder, args[0], args[1])
+    return i32x8(i16x16, i16x16), codegen
+
+
+@intrinsic
+def dpbusd(typingctx, acc, u, s):
+    """acc + the sums of adjacent quads of u x s (u unsigned, s signed bytes), as 8 int32."""
+    def codegen(context, builder, sig, args):
+        acc, u, s = args
+        if fast_int_dot() and _vnni():
+            return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", _D,
+                        [acc, builder.bitcast(u, _D), builder.bitcast(s, _D)])
+        return builder.add(acc, _maddwd(builder, _maddubs(builder, u, s), _const(_W, 1)))
+    return i32x8(i32x8, i8x32, i8x32), codegen
+
+
+@intrinsic
+def iadd(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+    return i32x8(i32x8, i32x8), codegen
+
+
+@intrinsic
+def izero(typingctx):
+    return i32x8(), lambda context, builder, sig, args: _const(_D, 0)
+
+
+# -- int16 scales --------------------------------------------------------------------------------------
+@intrinsic
+def wbytes(typingctx, f, o, signed):
+    """The 16 bytes f[o:o + 16] as int16 (sign-extended if the literal `signed`, else zero)."""
+    if not isinstance(signed, types.BooleanLiteral):
+        return None
+    ext = "sext" if signed.literal_value else "zext"
+
+    def codegen(context, builder, sig, args):
+        b = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I8, 16), align=1)
+        return getattr(builder, ext)(b, _W)
+    return i16x16(f, types.intp, signed), codegen
+
+
+@intrinsic
+def kscales(typingctx, f, o):
+    """The 8 scales (lanes 0-7) and 8 mins (lanes 8-15) of a Q4_K/Q5_K super-block, 6 bits each,
+    packed in the 12 bytes f[o:o + 12], as int16."""
+    def codegen(context, builder, sig, args):
+        return builder.zext(kscale_bytes(context, builder, sig, args), _W)
+    return i16x16(f, types.intp), codegen
+
+
+@intrinsic
+def wsplat(typingctx, v, i):
+    """Lane i of v in all 16 lanes."""
+    def codegen(context, builder, sig, args):
+        return _splat(builder, builder.extract_element(args[0], _int(context, builder, args[1], sig.args[1])), _W)
+    return i16x16(i16x16, i), codegen
+
+
+@intrinsic
+def wpair(typingctx, v, i):
+    """Lane i of v in lanes 0-7, lane i + 1 in lanes 8-15: the scales of two runs of 16 weights
+    against maddubs' products (8 int16 lanes each)."""
+    def codegen(context, builder, sig, args):
+        i = _int(context, builder, args[1], sig.args[1])
+        a = _splat(builder, builder.extract_element(args[0], i), _W)
+        b = _splat(builder, builder.extract_element(args[0], builder.add(i, ir.Constant(_I32, 1))), _W)
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) + list(range(24, 32))))
+    return i16x16(i16x16, i), codegen
+
+
+@intrinsic
+def wfloat(typingctx, v):
+    """The 16 int16 lanes as float32."""
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], _VF)
+    return f32x16(i16x16), codegen
+
+
+# -- float sums ----------------------------------------------------------------------------------------
+_FAST = ("reassoc", "contract", "arcp", "nsz")
+
+
+@intrinsic
+def fzero8(typingctx):
+    return f32x8(), lambda context, builder, sig, args: _const(_F8, 0.0)
+
+
+@intrinsic
+def ifma(typingctx, acc, v, s):
+    """acc + float(v) * s, for 8 int32 lanes v and a float scale s."""
+    def codegen(context, builder, sig, args):
+        s = _splat(builder, context.cast(builder, args[2], sig.args[2], types.float32), _F8)
+        return builder.fadd(builder.fmul(builder.sitofp(args[1], _F8), s, flags=_FAST), args[0], flags=_FAST)
+    return f32x8(f32x8, i32x8, s), codegen
+
+
+@intrinsic
+def fsum8(typingctx, v):
+    """The sum of the 8 lanes."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32, _F8]),
+                                            "llvm.vector.reduce.fadd.v8f32")
+        return builder.call(fn, [ir.Constant(_F32, 0.0), args[0]], fastmath=_FAST)
+    return types.float32(f32x8), codegen
+
+
+# -- quantizing activations ----------------------------------------------------------------------------
+@intrinsic
+def vamax(typingctx, v):
+    """The largest |lane| of a f32x16."""
+    def codegen(context, builder, sig, args):
+        fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF]), "llvm.fabs.v16f32")
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_VF]), "llvm.vector.reduce.fmax.v16f32")
+        return builder.call(fn, [builder.call(fabs, [args[0]])])
+    return types.float32(f32x16), codegen
+
+
+@intrinsic
+def vrint(typingctx, v):
+    """v rounded to the nearest integer, ties to even (the current rounding mode's)."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF]), "llvm.rint.v16f32")
+        return builder.call(fn, [args[0]])
+    return f32x16(f32x16), codegen
+
+
+@intrinsic
+def vstore_i8(typingctx, arr, idx, v):
+    """arr[idx:idx + 16] = v as int8, for lanes that hold integers in [-128, 127]."""
+    def codegen(context, builder, sig, args):
+        q = builder.trunc(builder.fptosi(args[2], _W32), ir.VectorType(_I8, 16))
+        builder.store(q, _address(context, builder, sig.args[0], args[0], args[1], _I8, 16), align=1)
+        return context.get_dummy_value()
+    return types.void(arr, types.intp, f32x16), codegen
