@@ -17,7 +17,8 @@ generates exactly --max-tokens tokens. Scenarios:
          the server's RSS before, after one burst and after a second.
   itl    the load scenario on pool with OMP_WAIT_POLICY passive / active and --threads 1 / 2:
          inter-token latency with the event loop busy streaming to the clients.
-Per run: aggregate generated tok/s (all tokens / wall time), TTFT p50/p99, inter-token latency
+Per run: aggregate generated tok/s (all tokens / wall time, prefill included), aggregate decode
+tok/s (each stream's tokens after its first / the time between its first and last, summed), TTFT p50/p99, inter-token latency
 p50/p99 (gaps between a stream's chunks), errors.
 """
 
@@ -65,9 +66,15 @@ class Run:
         ttft = [s.ttft for s in ok if s.ttft is not None]
         gaps = [g for s in ok for g in s.gaps]
         pct = lambda xs, q: np.percentile(xs, q) * 1e3 if xs else float("nan")  # noqa: E731
-        return (f"{self.label:<34} {tokens / self.wall:8.1f} tok/s  TTFT p50 {pct(ttft, 50):7.0f} ms "
+        return (f"{self.label:<34} {tokens / self.wall:8.1f} tok/s  decode {self.decode_tok_s:7.1f} tok/s  TTFT p50 {pct(ttft, 50):7.0f} ms "
                 f"p99 {pct(ttft, 99):7.0f} ms  ITL p50 {pct(gaps, 50):6.1f} ms p99 {pct(gaps, 99):7.1f} ms  "
                 f"errors {len(self.streams) - len(ok)}")
+
+    @property
+    def decode_tok_s(self) -> float:
+        """The streams' decode rates summed: each stream's tokens after its first over the time
+        from its first token to its last (prefill excluded; one stream: 1 / its mean gap)."""
+        return sum((len(s.gaps)) / sum(s.gaps) for s in self.streams if s.error is None and s.gaps)
 
     @property
     def tok_s(self) -> float:
@@ -221,7 +228,8 @@ def scenario_load(args, bias):
         many = asyncio.run(load(url, "bench", texts, args.max_tokens, bias, f"inferno, {args.clients} streams"))
     print(solo.line())
     print(many.line())
-    print(f"{'':<34} {many.tok_s / solo.tok_s:8.2f}x one stream alone")
+    print(f"{'':<34} {many.tok_s / solo.tok_s:8.2f}x one stream alone, "
+          f"decode {many.decode_tok_s / solo.decode_tok_s:.2f}x")
     if args.peer:
         port = free_port()
         with server(llama_cmd(args, port), port=port) as (url, _):
@@ -229,7 +237,8 @@ def scenario_load(args, bias):
             peer = asyncio.run(load(url, "bench", texts, args.max_tokens, bias,
                                     f"llama-cpp-python, {args.clients} streams"))
         print(peer.line())
-        print(f"{'':<34} {many.tok_s / peer.tok_s:8.2f}x llama-cpp-python's server")
+        print(f"{'':<34} {many.tok_s / peer.tok_s:8.2f}x llama-cpp-python's server, "
+              f"decode {many.decode_tok_s / peer.decode_tok_s:.2f}x")
 
 
 def scenario_join(args, bias):

@@ -80,8 +80,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive_int, default=None,
-                   help="threads for the pool backend (default: the cores but one, left to the HTTP "
-                        "side; OpenMP workers sleep between launches unless OMP_WAIT_POLICY says)")
+                   help="threads for the pool backend (default: every core)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 opens the server to the network")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--parallel", "-np", type=_positive_int, default=4,

@@ -86,6 +86,33 @@ def test_seeds_reproduce_and_each_choice_has_its_own_generator(engine):
     assert texts[0][0] == alone.text  # choice 0 samples with the seed itself, as the engine does
 
 
+def test_a_loader_runs_on_the_batch_thread_and_its_errors_reach_the_caller(qwen3_dir):
+    """Given a loader, BatchEngine loads on its own thread, the one that runs the steps (one
+    OpenMP team on pool); a load error, or a bad setting after the load, is raised to the
+    caller and the thread ends (the engine it loaded closed)."""
+    import threading
+
+    threads, engines = [], []
+
+    def loader():
+        threads.append(threading.current_thread())
+        engines.append(inferno.load(qwen3_dir, progress=False))
+        return engines[-1]
+    with BatchEngine(loader, parallel=2, ctx_size=64) as batch:
+        assert batch._thread is threads[0] and batch.engine is engines[0]
+        assert batch.generate(["Hello there"], Options(max_tokens=3, sampling=GREEDY))[0]
+    engines[0].close()
+
+    def broken():
+        raise inferno.InfernoError("no such model")
+    with pytest.raises(inferno.InfernoError, match="no such model"):
+        BatchEngine(broken)
+    with pytest.raises(inferno.InfernoError, match="parallel must be at least 1"):
+        BatchEngine(loader, parallel=0)
+    threads[-1].join(5)
+    assert not threads[-1].is_alive()
+
+
 def forced(monkeypatch, tokens):
     it = iter(tokens)
     monkeypatch.setattr(inferno.serve.sequence, "sample", lambda *args, **kwargs: next(it))

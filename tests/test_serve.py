@@ -354,15 +354,6 @@ def test_sigterm_drains_and_exits_0(qwen3_dir):
         proc.wait()
 
 
-def test_pool_serves_on_the_cores_but_one_with_sleeping_workers(monkeypatch):
-    from inferno.serve.app import pool_defaults
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert pool_defaults({"threads": None}) == {"threads": max(1, os.cpu_count() - 1)}
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
-    assert pool_defaults({"threads": 2}) == {"threads": 2} and os.environ["OMP_WAIT_POLICY"] == "active"
-
-
 def test_a_bad_model_is_one_line_before_any_port_is_bound(tmp_path):
     p = subprocess.run([sys.executable, "-m", "inferno", "serve", "-m", str(tmp_path / "missing.gguf")],
                        capture_output=True, text=True, timeout=120)

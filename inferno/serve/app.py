@@ -18,7 +18,6 @@ import asyncio
 import hmac
 import json
 import logging
-import os
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -71,33 +70,16 @@ class ServerConfig:
 
     def load(self, metrics: Metrics) -> BatchEngine:
         from inferno.engine import load
+        # pool keeps its own defaults (every core, OpenMP's spinning workers): with the engine
+        # on one thread (scheduler.py) they served 8 streams best here; see bench/RESULTS.md.
         options = dict(self.backend_options)
-        if self.backend == "pool":
-            options = pool_defaults(options)
-        engine = load(self.model, backend=self.backend, flash=self.flash, cache_type=self.cache_type,
-                      weights=self.weights, progress=False, **options)
-        try:
-            return BatchEngine(engine, parallel=self.parallel, ctx_size=self.ctx_size,
-                               queue_limit=self.queue_limit, chunk=self.chunk, metrics=metrics)
-        except BaseException:
-            engine.close()
-            raise
-
-
-def pool_defaults(options: dict) -> dict:
-    """The pool backend's settings for serving, unless given: a core left to the event loop
-    and the clients, and OpenMP workers that sleep between launches (OMP_WAIT_POLICY=passive,
-    read when the OpenMP runtime starts, so before the first parallel launch).
-
-    NOTE: measured with bench/serve_load.py --scenario itl (SmolLM2, 8 streams, 2 cores shared
-    with the clients and other work): ITL p50 with 2 spinning workers 493-1275 ms, 2 sleeping
-    275-408 ms, 1 thread 137-324 ms. A spinning worker that the event loop preempts stalls every
-    launch (pool.py's NOTE), and one launch waits for all of them."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if options.get("threads") is None:
-        import numba
-        options["threads"] = max(1, numba.config.NUMBA_NUM_THREADS - 1)  # the pool's own ceiling
-    return options
+        # Loaded on the batch's own thread, which then runs every step (scheduler.py: one
+        # OpenMP team on pool).
+        return BatchEngine(lambda: load(self.model, backend=self.backend, flash=self.flash,
+                                        cache_type=self.cache_type, weights=self.weights,
+                                        progress=False, **options),
+                           parallel=self.parallel, ctx_size=self.ctx_size,
+                           queue_limit=self.queue_limit, chunk=self.chunk, metrics=metrics)
 
 
 class State:
