@@ -18,7 +18,8 @@ generates exactly --max-tokens tokens. Scenarios:
   itl    the load scenario on pool with OMP_WAIT_POLICY passive / active and --threads 1 / 2:
          inter-token latency with the event loop busy streaming to the clients.
 Per run: aggregate generated tok/s (all tokens / wall time, prefill included), aggregate decode
-tok/s (each stream's tokens after its first / the time between its first and last, summed), TTFT p50/p99, inter-token latency
+tok/s (tokens after each stream's first / the time some stream was between its first token and
+its last), TTFT p50/p99, inter-token latency
 p50/p99 (gaps between a stream's chunks), errors.
 """
 
@@ -50,6 +51,8 @@ class Stream:
     ttft: float | None = None
     gaps: list[float] = field(default_factory=list)
     tokens: int = 0
+    first: float = 0.0  # perf_counter at the first token, and at the last
+    last: float = 0.0
     error: str | None = None
     status: int = 200
 
@@ -72,9 +75,15 @@ class Run:
 
     @property
     def decode_tok_s(self) -> float:
-        """The streams' decode rates summed: each stream's tokens after its first over the time
-        from its first token to its last (prefill excluded; one stream: 1 / its mean gap)."""
-        return sum((len(s.gaps)) / sum(s.gaps) for s in self.streams if s.error is None and s.gaps)
+        """Tokens after each stream's first, over the time some stream was decoding: the union
+        of the spans from a stream's first token to its last (a server that runs the streams
+        one after another gets their sum, not the overlap)."""
+        spans = sorted((s.first, s.last) for s in self.streams if s.error is None and s.gaps)
+        busy, end = 0.0, float("-inf")
+        for a, b in spans:
+            busy += max(0.0, b - max(a, end))
+            end = max(end, b)
+        return sum(len(s.gaps) for s in self.streams if s.error is None) / busy if busy else float("nan")
 
     @property
     def tok_s(self) -> float:
@@ -110,10 +119,10 @@ async def one(client, model: str, prompt: str, max_tokens: int, bias: dict, time
                     continue
                 now = time.perf_counter()
                 if s.ttft is None:
-                    s.ttft = now - t0
+                    s.ttft, s.first = now - t0, now
                 else:
                     s.gaps.append(now - last)
-                last = now
+                last = s.last = now
                 s.tokens += 1
     except openai.APIStatusError as e:
         s.error, s.status = f"HTTP {e.status_code}", e.status_code

@@ -18,8 +18,8 @@ class Entry(NamedTuple):
 
 REGISTRY = {
     "cpu": Entry("inferno.backends.cpu", "CpuBackend", "numpy"),
-    "simd": Entry("inferno.backends.simd", "SimdBackend", "numba and scipy"),
-    "pool": Entry("inferno.backends.pool", "PoolBackend", "numba and scipy", ("threads",)),
+    "simd": Entry("inferno.backends.simd", "SimdBackend", "numba and scipy", ("int8_activations",)),
+    "pool": Entry("inferno.backends.pool", "PoolBackend", "numba and scipy", ("threads", "int8_activations")),
     "torch": Entry("inferno.backends.torch_backend", "TorchBackend",
                    "torch: pip install -e '.[torch]' in inferno's folder", ("device", "dtype")),
     "gpu": Entry("inferno.backends.gpu", "GpuBackend",

@@ -133,14 +133,14 @@ class PoolBackend(SimdBackend):
     parallel_min_attention = 1 << 17  # query rows x keys x n_heads x head_dim
     decode_min_keys = 256  # keys per decode job at the least
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None, int8_activations: bool = False):
         cores = nb.config.NUMBA_NUM_THREADS  # the worker team's size: the cores, by default
         threads = cores if threads is None else int(threads)
         if not 1 <= threads <= cores:
             raise InfernoError(f"threads must be between 1 and {cores} (Numba's worker threads; "
                                f"set NUMBA_NUM_THREADS to allow more), got {threads}", params=("threads",))
         self.threads = threads
-        super().__init__()
+        super().__init__(int8_activations)
 
     def _launch(self, kernel, *args):
         with _LAUNCH:

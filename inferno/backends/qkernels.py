@@ -10,8 +10,8 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
 - decode (`matvec_rows`): one activation row, two weight rows per pass sharing each load of x,
   16-lane accumulators in registers reduced once per row, and sum(s * (q . x)) + sum(m * sum(x))
   so the offset costs one scalar multiply-add per group; for Q4_K and Q6_K, where the backend
-  allows (its int8_activations), the row is quantized to int8 once per call and multiplied in
-  integers instead (qdot.py: 2-3x the weights per second);
+  is asked to (its int8_activations, off by default), the row is quantized to int8 once per
+  call and multiplied in integers instead (qdot.py: 2-3x the weights per second);
 - a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
   row decoded once for up to four activation rows;
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
