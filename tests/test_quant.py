@@ -9,12 +9,12 @@ rounding: the error of each output, relative to sum(|w| |x|) over its row, stays
 1e-7 x sqrt(cols) (float32's unit roundoff is 6e-8; summation order differs, as in BLAS).
 Dequantised weights (embedding, prefill tiles) are equal to the reference bit for bit.
 
-Decode matvecs of Q4_K and Q6_K weights take int8 activations where the machine multiplies
-bytes fast (qdot.py; the backends' int8_activations): ggml's Q8_K, one scale dx per 256 values.
-Such a matvec is pinned twice: to the reference run on the dequantised int8 activations, within
-float32 rounding as above; and to the reference on the float32 activations within what rounding
-them may cost, sum over the row of |w_i| dx / 2 (each activation moves by at most half a step),
-which is ggml's own error for these kernels.
+Decode matvecs of Q4_K and Q6_K weights may take int8 activations (qdot.py; the backends'
+int8_activations): ggml's Q8_K row plus a second int8 row for its remainder, scales dx and dr
+per 256 values. Such a matvec is pinned twice: to the reference run on the dequantised
+activations, within float32 rounding as above; and to the reference on the float32 activations
+within what rounding them may cost, sum over the row of |w_i| dr / 2 (each activation moves by
+at most half a step of the remainder's scale).
 """
 
 from __future__ import annotations
@@ -67,21 +67,24 @@ def assert_rounding_close(got, x, w: QuantTensor):
 
 
 def int8_activations(x):
-    """x [1, cols] as the int8 kernels see it: (the dequantised int8 row [1, cols], dx per 256)."""
-    x8, dx, _ = qdot.quantize(x[0])
-    return (x8.reshape(-1, 256) * dx[:, None]).reshape(1, -1).astype(np.float32), dx
+    """x [1, cols] as the int8 kernels see it: (the dequantised rows dx * x8 + dr * r8 [1, cols],
+    dr per 256: the remainder row's scale, which bounds what is left)."""
+    x8, r8, dx, dr, _ = qdot.quantize(x[0])
+    deq = (x8.reshape(-1, 256) * dx[:, None].astype(np.float64)
+           + r8.reshape(-1, 256) * dr[:, None].astype(np.float64))
+    return deq.reshape(1, -1), dr
 
 
 def assert_int8_close(got, x, w: QuantTensor):
     """got is x @ w.T computed from int8 activations: within float32 rounding of the reference
     on those, and within their rounding of the reference on x (see the module docstring)."""
-    xq, dx = int8_activations(x)
+    xq, dr = int8_activations(x)
     assert_rounding_close(got, xq, w)
     dq = np.abs(w.dequantize().astype(np.float64))  # [rows, cols]
-    bound = (dq.reshape(w.shape[0], -1, 256).sum(axis=2) * dx).sum(axis=1) / 2  # [rows]
+    bound = (dq.reshape(w.shape[0], -1, 256).sum(axis=2) * dr).sum(axis=1) / 2  # [rows]
     err = np.abs(got[0] - x[0].astype(np.float64) @ w.dequantize().astype(np.float64).T)
     slack = 1e-7 * np.sqrt(w.shape[1]) * (dq @ np.abs(x[0].astype(np.float64)))  # float rounding
-    assert (err <= bound + slack).all(), f"max error {(err / bound).max():.3g} x sum|w| dx / 2"
+    assert (err <= bound + slack).all(), f"max error {(err / bound).max():.3g} x sum|w| dr / 2"
 
 
 def assert_matches(ops, got, x, w: QuantTensor):
@@ -107,8 +110,7 @@ def test_linear_matches_dequantised_matmul(ops, name, rows, blocks, batch):
 @pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("rows,blocks", [(1, 1), (7, 2), (33, 5)])
 def test_decode_with_and_without_int8_activations(ops, name, int8, rows, blocks, monkeypatch):
-    """Both decode kernels of the K-quants, whichever the machine picks by default: float32
-    activations (exact), and int8 ones (where x86 has no AVX2 they compile to plain LLVM vector
+    """Both decode kernels of the K-quants: float32 activations (exact), and int8 ones (where x86 has no AVX2 they compile to plain LLVM vector
     arithmetic: correct, if slow). Activations of every scale, a zero run and a lone spike."""
     monkeypatch.setattr(ops, "int8_activations", int8)
     w = random_blocks(name, rows, width(name, blocks), seed=rows + blocks, readonly=True)

@@ -133,7 +133,7 @@ class PoolBackend(SimdBackend):
     parallel_min_attention = 1 << 17  # query rows x keys x n_heads x head_dim
     decode_min_keys = 256  # keys per decode job at the least
 
-    def __init__(self, threads: int | None = None, int8_activations: bool = False):
+    def __init__(self, threads: int | None = None, int8_activations: bool | None = None):
         cores = nb.config.NUMBA_NUM_THREADS  # the worker team's size: the cores, by default
         threads = cores if threads is None else int(threads)
         if not 1 <= threads <= cores:

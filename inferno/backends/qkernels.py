@@ -10,8 +10,9 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
 - decode (`matvec_rows`): one activation row, two weight rows per pass sharing each load of x,
   16-lane accumulators in registers reduced once per row, and sum(s * (q . x)) + sum(m * sum(x))
   so the offset costs one scalar multiply-add per group; for Q4_K and Q6_K, where the backend
-  is asked to (its int8_activations, off by default), the row is quantized to int8 once per
-  call and multiplied in integers instead (qdot.py: 2-3x the weights per second);
+  says so (its int8_activations: by default where the machine has AVX2), the row is quantized
+  to two int8 rows once per call and multiplied in integers instead (qdot.py: ~2x the weights
+  per second);
 - a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
   row decoded once for up to four activation rows;
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
@@ -191,9 +192,9 @@ def rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
 @jit
 def _rows(kind, w, x, xs, xq, out, col, r0, r1):
     if x.shape[0] == 1 and xq[0].shape[0] > 0 and kind == Q4_K:
-        qdot.k_rows(Q4_K_BYTES, w, xq[0], xq[1], xq[2], out[0, col:], r0, r1)
+        qdot.k_rows(Q4_K_BYTES, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
     elif x.shape[0] == 1 and xq[0].shape[0] > 0 and kind == Q6_K:
-        qdot.k_rows(Q6_K_BYTES, w, xq[0], xq[1], xq[2], out[0, col:], r0, r1)
+        qdot.k_rows(Q6_K_BYTES, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
     elif x.shape[0] == 1:
         matvec_rows(kind, w, x, xs, out[0, col:], r0, r1)
     else:

@@ -23,6 +23,7 @@ from inferno.backends import kernels as K
 from inferno.backends import kv_kernels as KV
 from inferno.backends import qkernels as Q
 from inferno.backends.base import CACHE_TYPES, Backend, check_decode, check_window, score_scale
+from inferno.backends.ilanes import fast_int_dot
 from inferno.backends.quant import QuantTensor
 from inferno.errors import InfernoError
 
@@ -96,16 +97,15 @@ class SimdBackend(Backend):
     name = "simd"
     threads = 1
     default_cache_type = "f16"  # llama.cpp's default: half the bytes decode reads, same answers
-    # Opt-in: decode matvecs of Q4_K and Q6_K weights take the activation row as int8 (qdot.py,
-    # llama.cpp's Q8_K): 2.3-2.8x the weights per second on one core, Qwen3-1.7B-shape decode
-    # 0.46x -> 1.01x llama.cpp. Off by default: against transformers on the same GGUF, decoded
-    # token by token, the logits moved by 4.1e-2 of their range with 98.4% top-1 agreement
-    # (SmolLM2 Q4_K_M) and 4.9e-2 with 95.3% (Gemma 3 270M), outside the 1e-2 and 99% that the
-    # float32 kernels keep (5e-4, 100%). See bench/RESULTS.md.
+    # Decode matvecs of Q4_K and Q6_K weights take the activation row as two int8 rows (qdot.py:
+    # llama.cpp's Q8_K and its remainder), by default where x86 multiplies bytes fast (AVX2):
+    # ~2x the weights per second on one core. Decoded token by token against transformers the
+    # logits stay as close as with float32 activations (Gemma 3: 5.7e-4 of their range against
+    # 5.0e-4; ggml's single row: 4.9e-2). False keeps float32 activations.
     int8_activations = False
 
-    def __init__(self, int8_activations: bool = False):
-        self.int8_activations = bool(int8_activations)
+    def __init__(self, int8_activations: bool | None = None):
+        self.int8_activations = fast_int_dot() if int8_activations is None else bool(int8_activations)
         blas.limit_to_one_thread()  # sgemm on this core only
         reuse_freed_activations()
         self._closed = False
