@@ -10,11 +10,11 @@ rounding: the error of each output, relative to sum(|w| |x|) over its row, stays
 Dequantised weights (embedding, prefill tiles) are equal to the reference bit for bit.
 
 Decode matvecs of Q4_K and Q6_K weights may take int8 activations (qdot.py; the backends'
-int8_activations): ggml's Q8_K row plus a second int8 row for its remainder, scales dx and dr
-per 256 values. Such a matvec is pinned twice: to the reference run on the dequantised
+int8_activations): ggml's Q8_K row, scale dx per 256 values, plus for weights whose inputs
+carry outliers (outlier_inputs: down_proj) a second int8 row for its remainder, scale dr. Such a matvec is pinned twice: to the reference run on the dequantised
 activations, within float32 rounding as above; and to the reference on the float32 activations
-within what rounding them may cost, sum over the row of |w_i| dr / 2 (each activation moves by
-at most half a step of the remainder's scale).
+within what rounding them may cost, sum over the row of |w_i| d / 2 (each activation moves by
+at most half a step of the last row's scale d).
 """
 
 from __future__ import annotations
@@ -66,31 +66,34 @@ def assert_rounding_close(got, x, w: QuantTensor):
     assert err.max() <= tol, f"max error {err.max():.3g} x sum|w||x| (tolerance {tol:.3g})"
 
 
-def int8_activations(x):
-    """x [1, cols] as the int8 kernels see it: (the dequantised rows dx * x8 + dr * r8 [1, cols],
-    dr per 256: the remainder row's scale, which bounds what is left)."""
-    x8, r8, dx, dr, _ = qdot.quantize(x[0])
-    deq = (x8.reshape(-1, 256) * dx[:, None].astype(np.float64)
-           + r8.reshape(-1, 256) * dr[:, None].astype(np.float64))
-    return deq.reshape(1, -1), dr
+def int8_activations(x, two: bool):
+    """x [1, cols] as the int8 kernels see it: (the dequantised rows, dx * x8 [+ dr * r8], [1,
+    cols]; the last row's scale per 256, which bounds what is left)."""
+    x8, r8, dx, dr, _ = qdot.quantize(x[0], two)
+    deq = x8.reshape(-1, 256) * dx[:, None].astype(np.float64)
+    if two:
+        deq += r8.reshape(-1, 256) * dr[:, None].astype(np.float64)
+    return deq.reshape(1, -1), (dr if two else dx)
 
 
-def assert_int8_close(got, x, w: QuantTensor):
-    """got is x @ w.T computed from int8 activations: within float32 rounding of the reference
-    on those, and within their rounding of the reference on x (see the module docstring)."""
-    xq, dr = int8_activations(x)
+def assert_int8_close(got, x, w: QuantTensor, two: bool):
+    """got is x @ w.T computed from int8 activations (one row, or two): within float32 rounding
+    of the reference on those, and within their rounding of the reference on x (see the module
+    docstring)."""
+    xq, dr = int8_activations(x, two)
     assert_rounding_close(got, xq, w)
     dq = np.abs(w.dequantize().astype(np.float64))  # [rows, cols]
     bound = (dq.reshape(w.shape[0], -1, 256).sum(axis=2) * dr).sum(axis=1) / 2  # [rows]
     err = np.abs(got[0] - x[0].astype(np.float64) @ w.dequantize().astype(np.float64).T)
     slack = 1e-7 * np.sqrt(w.shape[1]) * (dq @ np.abs(x[0].astype(np.float64)))  # float rounding
-    assert (err <= bound + slack).all(), f"max error {(err / bound).max():.3g} x sum|w| dr / 2"
+    assert (err <= bound + slack).all(), f"max error {(err / bound).max():.3g} x sum|w| d / 2"
 
 
 def assert_matches(ops, got, x, w: QuantTensor):
     """got == x @ w.T as the kernel that ran promises: float32 rounding, or int8 activations'."""
-    if ops.int8_activations and x.shape[0] == 1 and Q.int_dot(Q.KINDS[w.qtype.name]):
-        assert_int8_close(got, x, w)
+    mode = ops._int8_mode(w)
+    if mode and x.shape[0] == 1 and Q.int_dot(Q.KINDS[w.qtype.name]):
+        assert_int8_close(got, x, w, mode == 2)
     else:
         assert_rounding_close(got, x, w)
 
@@ -107,13 +110,15 @@ def test_linear_matches_dequantised_matmul(ops, name, rows, blocks, batch):
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
-@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("mode", [0, 1, 2])
 @pytest.mark.parametrize("rows,blocks", [(1, 1), (7, 2), (33, 5)])
-def test_decode_with_and_without_int8_activations(ops, name, int8, rows, blocks, monkeypatch):
-    """Both decode kernels of the K-quants: float32 activations (exact), and int8 ones (where x86 has no AVX2 they compile to plain LLVM vector
-    arithmetic: correct, if slow). Activations of every scale, a zero run and a lone spike."""
-    monkeypatch.setattr(ops, "int8_activations", int8)
+def test_decode_with_and_without_int8_activations(ops, name, mode, rows, blocks, monkeypatch):
+    """The decode kernels of the K-quants: float32 activations (exact), one int8 row and two
+    (where x86 has no AVX2 they compile to plain LLVM vector arithmetic: correct, if slow).
+    Activations of every scale, a zero run and a lone spike."""
+    monkeypatch.setattr(ops, "int8_activations", mode > 0)
     w = random_blocks(name, rows, width(name, blocks), seed=rows + blocks, readonly=True)
+    w.outlier_inputs = mode == 2  # a remainder row too
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((1, w.shape[1]), dtype=np.float32)
     x *= rng.choice([1e-6, 1.0, 1e4], (1, w.shape[1] // 256)).repeat(256, axis=1).astype(np.float32)
@@ -121,7 +126,10 @@ def test_decode_with_and_without_int8_activations(ops, name, int8, rows, blocks,
     if blocks > 1:
         x[0, 300] = 1e3  # one value sets the scale of its 256
     got = ops.linear(x, ops.weight(w))
-    (assert_int8_close if int8 else assert_rounding_close)(got, x, w)
+    if mode:
+        assert_int8_close(got, x, w, mode == 2)
+    else:
+        assert_rounding_close(got, x, w)
 
 
 @pytest.mark.parametrize("name", TYPES)

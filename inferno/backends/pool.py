@@ -167,13 +167,13 @@ class PoolBackend(SimdBackend):
             check_width(x, w)
             kind, tile = Q.KINDS[w.qtype.name], prefill_tile(w.shape[1])
             if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
-                Q.linear(kind, w.data, x, out, tile, self.int8_activations)
+                Q.linear(kind, w.data, x, out, tile, self._int8_mode(w))
             else:
                 # Prefill splits tiles of rows: at least one per thread (SmolLM2's 576 rows
                 # would otherwise be one tile, on one thread).
                 tile = min(tile, -(-w.shape[0] // self.threads))
                 self._launch(Q.linear_par, kind, w.data, x, out, tile, self.threads,
-                             self.int8_activations)
+                             self._int8_mode(w))
         elif x.shape[0] == 1:
             if self.threads == 1 or w.size < self.parallel_min_elements:
                 K.matvec(w, x[0], out[0], 0, w.shape[0])
@@ -202,7 +202,7 @@ class PoolBackend(SimdBackend):
             return [self.linear(x, w) for w in ws]
         out = np.empty((rows, total), dtype=np.float32)  # [rows, sum of outs]
         self._launch(Q.linear_many_par, tuple(kinds), tuple(datas), x, out, self.threads,
-                     self.int8_activations)
+                     max(self._int8_mode(w) for w in ws))
         views, start = [], 0
         for w in ws:
             views.append(out[:, start:start + w.shape[0]])

@@ -54,7 +54,7 @@ def empty():
 
 
 @jit
-def quantize_k(x, x8, r8, dx, dr, xs):
+def quantize_k(x, x8, r8, dx, dr, xs, two):
     """x [n] (n a multiple of 256) as two int8 rows with a scale each per 256 values: x ~ dx * x8
     + dr * r8, x8 = round(x / dx) with dx = max|x| / 127 (ggml's Q8_K), and r8 the same of what
     that leaves, x - dx * x8 (at most dx / 2 a value). One int8 row alone moved whole-model logits
@@ -62,7 +62,8 @@ def quantize_k(x, x8, r8, dx, dr, xs):
     a second integer dot product on weight bytes already in registers. xs [n / 8]: per 256
     values, the 16 float sums of the dequantized activations over each run of 16, then 16 lanes
     whose last 8 are its sums over each run of 32 (first 8 zero), so that each weight kind's
-    offsets take theirs in one vector load."""
+    offsets take theirs in one vector load. Without `two` only x8 is written (r8 and dr are
+    empty), and xs sums dx * x8."""
     res = np.empty(QK, np.float32)
     for u in range(x.shape[0] // QK):
         o = QK * u
@@ -77,9 +78,17 @@ def quantize_k(x, x8, r8, dx, dr, xs):
             v = vload(x, o + 16 * i)
             q = vrint(vmul(v, inv))
             vstore_i8(x8, o + 16 * i, q)
-            r = vfma(q, vsplat(-d), v)
-            vstore(res, 16 * i, r)
-            rmax = max(rmax, vamax(r))
+            if two:
+                r = vfma(q, vsplat(-d), v)
+                vstore(res, 16 * i, r)
+                rmax = max(rmax, vamax(r))
+            else:
+                xs[32 * u + i] = d * vsum(q)
+        if not two:
+            for g in range(8):
+                xs[32 * u + 16 + g] = 0.0
+                xs[32 * u + 24 + g] = xs[32 * u + 2 * g] + xs[32 * u + 2 * g + 1]
+            continue
         e = rmax / np.float32(127.0)
         dr[u] = e
         rinv = vsplat(np.float32(127.0) / rmax if rmax > 0 else np.float32(0.0))
@@ -94,13 +103,14 @@ def quantize_k(x, x8, r8, dx, dr, xs):
 
 
 @jit
-def quantize(x):
-    """x [n] -> (x8, r8, dx, dr, xs) as quantize_k writes them."""
+def quantize(x, two):
+    """x [n] -> (x8, r8, dx, dr, xs) as quantize_k writes them (r8 and dr empty unless two)."""
     n = x.shape[0]
-    x8, r8 = np.empty(n, np.int8), np.empty(n, np.int8)
-    dx, dr = np.empty(n // QK, np.float32), np.empty(n // QK, np.float32)
+    m = n if two else 0
+    x8, r8 = np.empty(n, np.int8), np.empty(m, np.int8)
+    dx, dr = np.empty(n // QK, np.float32), np.empty(m // QK, np.float32)
     xs = np.empty(n // 8, np.float32)
-    quantize_k(x, x8, r8, dx, dr, xs)
+    quantize_k(x, x8, r8, dx, dr, xs, two)
     return x8, r8, dx, dr, xs
 
 
@@ -122,12 +132,15 @@ def q4k_unit(f, o, x8, r8, dx, dr, xs, u, acc, macc):
     sc = kscales(f, o + 4)  # [8 scales, 8 mins]
     macc = vfma(vmul(wfloat(sc), vsplat(-f16at(f, o + 2))), vload(xs, 32 * u + 16), macc)
     s, t = izero(), izero()
+    two = dr.shape[0] > 0
     for j in range(4):
         qa = bload(f, o + 16 + 32 * j)
         s = iadd(s, q4k_quarter(qa, x8, QK * u + 64 * j, sc, j))
-        t = iadd(t, q4k_quarter(qa, r8, QK * u + 64 * j, sc, j))
+        if two:
+            t = iadd(t, q4k_quarter(qa, r8, QK * u + 64 * j, sc, j))
     d = f16at(f, o)
-    return ifma(ifma(acc, s, d * dx[u]), t, d * dr[u]), macc
+    acc = ifma(acc, s, d * dx[u])
+    return (ifma(acc, t, d * dr[u]) if two else acc), macc
 
 
 # -- Q6_K ----------------------------------------------------------------------------------------------
@@ -158,11 +171,14 @@ def q6k_unit(f, o, x8, r8, dx, dr, xs, u, acc, macc):
     d = f16at(f, o + 208)
     macc = vfma(vmul(wfloat(sc), vsplat(np.float32(-32.0) * d)), vload(xs, 32 * u), macc)
     s, t = izero(), izero()
+    two = dr.shape[0] > 0
     for h in range(2):
         w0, w1, w2, w3 = q6k_weights(f, o, h)
         s = iadd(s, q6k_half(w0, w1, w2, w3, x8, QK * u + 128 * h, sc, h))
-        t = iadd(t, q6k_half(w0, w1, w2, w3, r8, QK * u + 128 * h, sc, h))
-    return ifma(ifma(acc, s, d * dx[u]), t, d * dr[u]), macc
+        if two:
+            t = iadd(t, q6k_half(w0, w1, w2, w3, r8, QK * u + 128 * h, sc, h))
+    acc = ifma(acc, s, d * dx[u])
+    return (ifma(acc, t, d * dr[u]) if two else acc), macc
 
 
 # -- rows ----------------------------------------------------------------------------------------------

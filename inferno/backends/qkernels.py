@@ -147,12 +147,13 @@ def int_dot(kind):
 
 
 @jit
-def activations(x, xs, quantized):
-    """What the row kernels take besides x: its group sums into xs, and, if `quantized`, x's
-    one row as int8 (qdot.quantize; else qdot.empty(), and the kernels keep float32)."""
+def activations(x, xs, mode):
+    """What the row kernels take besides x: its group sums into xs, and for mode 1 or 2 x's one
+    row as one or two int8 rows (qdot.quantize; mode 0: qdot.empty(), the kernels keep
+    float32)."""
     group_sums(x, xs)
-    if quantized:
-        return qdot.quantize(x[0])
+    if mode > 0:
+        return qdot.quantize(x[0], mode == 2)
     return qdot.empty()
 
 
@@ -382,16 +383,16 @@ def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
 
 # -- serial drivers (the simd backend) ----------------------------------------------------------------
 @jit
-def linear(kind, w, x, out, tile, quantized):
-    """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B; `quantized`: a decode
-    matvec may take int8 activations where the kind can (int_dot)."""
+def linear(kind, w, x, out, tile, mode):
+    """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B; a decode matvec of a kind
+    that can (int_dot) takes one or two int8 rows for mode 1 or 2 (`activations`)."""
     B, rows = x.shape[0], w.shape[0]
     if B > FEW_MAX:
         scratch = np.empty(tile * x.shape[1] + B * tile, np.float32)
         prefill_rows(kind, w, x, out, 0, rows, tile, scratch)
         return
     xs = np.empty((B, x.shape[1] // 32), np.float32)
-    xq = activations(x, xs, quantized and B == 1 and int_dot(kind))
+    xq = activations(x, xs, mode if B == 1 and int_dot(kind) else 0)
     rows_kernel(kind, w, x, xs, xq, out, 0, 0, rows)
 
 
@@ -405,7 +406,7 @@ def _bounds(n, c, chunks, align):
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_par(kind, w, x, out, tile, chunks, quantized):
+def linear_par(kind, w, x, out, tile, chunks, mode):
     """`linear`, its rows split into `chunks` ranges, each on a thread of the team."""
     B, rows, n = x.shape[0], w.shape[0], x.shape[1]
     if B > FEW_MAX:
@@ -416,13 +417,13 @@ def linear_par(kind, w, x, out, tile, chunks, quantized):
             prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch[c])
         return
     xs = np.empty((B, n // 32), np.float32)
-    xq = activations(x, xs, quantized and B == 1 and int_dot(kind))
+    xq = activations(x, xs, mode if B == 1 and int_dot(kind) else 0)
     for c in nb.prange(chunks):
         rows_kernel(kind, w, x, xs, xq, out, 0, _bounds(rows, c, chunks, 2), _bounds(rows, c + 1, chunks, 2))
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_many_par(kinds, ws, x, out, chunks, quantized):
+def linear_many_par(kinds, ws, x, out, chunks, mode):
     """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
     B <= FEW_MAX rows of x: the weights' rows, taken end to end as one range, split into
     `chunks` pieces (a piece may span two weights). The weights may differ in kind and rows;
@@ -432,7 +433,7 @@ def linear_many_par(kinds, ws, x, out, chunks, quantized):
     any_int = False
     for k in range(len(kinds)):
         any_int = any_int or int_dot(kinds[k])
-    xq = activations(x, xs, quantized and B == 1 and any_int)
+    xq = activations(x, xs, mode if B == 1 and any_int else 0)
     total = out.shape[1]
     for c in nb.prange(chunks):
         lo, hi = _bounds(total, c, chunks, 2), _bounds(total, c + 1, chunks, 2)

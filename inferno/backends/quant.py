@@ -59,9 +59,10 @@ QTYPES_BY_ID = {q.ggml_id: q for q in QTYPES.values()}
 class QuantTensor:
     """A `[rows, cols]` weight in a GGML block format; `data` is uint8 `[rows, row_bytes]`."""
 
-    __slots__ = ("qtype", "shape", "data")
+    __slots__ = ("qtype", "shape", "data", "outlier_inputs")
 
-    def __init__(self, qtype: QType | str, shape: tuple[int, int], data: np.ndarray):
+    def __init__(self, qtype: QType | str, shape: tuple[int, int], data: np.ndarray,
+                 outlier_inputs: bool = False):
         qtype = QTYPES[qtype] if isinstance(qtype, str) else qtype
         rows, cols = (int(d) for d in shape)
         if cols % qtype.block:
@@ -75,6 +76,9 @@ class QuantTensor:
         self.qtype = qtype
         self.shape = (rows, cols)
         self.data = data.reshape(rows, row_bytes)  # a view: reshape of a contiguous buffer
+        # The model's word that this matrix's inputs are heavy-tailed (the MLP's gated product,
+        # the input of down_proj): int8 activations then take a remainder row (qdot.py).
+        self.outlier_inputs = outlier_inputs
 
     @property
     def nbytes(self) -> int:

@@ -63,7 +63,7 @@ def quantized_weight(w: QuantTensor):
     if data.flags.writeable:
         data = data.view()
         data.flags.writeable = False
-    return w if data is w.data else QuantTensor(w.qtype, w.shape, data)
+    return w if data is w.data else QuantTensor(w.qtype, w.shape, data, w.outlier_inputs)
 
 
 def prefill_tile(cols: int) -> int:
@@ -97,11 +97,11 @@ class SimdBackend(Backend):
     name = "simd"
     threads = 1
     default_cache_type = "f16"  # llama.cpp's default: half the bytes decode reads, same answers
-    # Decode matvecs of Q4_K and Q6_K weights take the activation row as two int8 rows (qdot.py:
-    # llama.cpp's Q8_K and its remainder), by default where x86 multiplies bytes fast (AVX2):
-    # ~2x the weights per second on one core. Decoded token by token against transformers the
-    # logits stay as close as with float32 activations (Gemma 3: 5.7e-4 of their range against
-    # 5.0e-4; ggml's single row: 4.9e-2). False keeps float32 activations.
+    # Decode matvecs of Q4_K and Q6_K weights take the activation row as int8 (qdot.py:
+    # llama.cpp's Q8_K, plus a row for its remainder where the weight's outlier_inputs says so),
+    # by default where x86 multiplies bytes fast (AVX2): 2-2.8x the weights per second on one
+    # core. Decoded token by token against transformers the logits stay as close as with float32
+    # activations (bench/RESULTS.md). False keeps float32 activations.
     int8_activations = False
 
     def __init__(self, int8_activations: bool | None = None):
@@ -109,6 +109,13 @@ class SimdBackend(Backend):
         blas.limit_to_one_thread()  # sgemm on this core only
         reuse_freed_activations()
         self._closed = False
+
+    def _int8_mode(self, w: QuantTensor) -> int:
+        """How a decode matvec of w takes its activation row: 0 float32, 1 one int8 row, 2 two
+        (for inputs with outliers: one row alone moved whole-model logits by ~5e-2 there)."""
+        if not self.int8_activations:
+            return 0
+        return 2 if w.outlier_inputs else 1
 
     def close(self) -> None:
         if not self._closed:
@@ -135,7 +142,7 @@ class SimdBackend(Backend):
         if isinstance(w, QuantTensor):
             check_width(x, w)
             Q.linear(Q.KINDS[w.qtype.name], w.data, x, out, prefill_tile(w.shape[1]),
-                     self.int8_activations)
+                     self._int8_mode(w))
         elif x.shape[0] == 1:
             K.matvec(w, x[0], out[0], 0, w.shape[0])
         else:

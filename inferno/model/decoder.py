@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inferno.backends.quant import QuantTensor
 from inferno.errors import InfernoError
 from inferno.model.config import ModelConfig
 from inferno.model.kv_cache import KVCache
@@ -55,6 +56,17 @@ class Layer:
         v = lambda name: ops.from_numpy(tensors.pop(p + name))  # noqa: E731  vector
         norm = lambda name: ops.from_numpy(np.asarray(tensors.pop(p + name), np.float32))  # noqa: E731
 
+        def outliers_in(name):
+            """A linear weight whose inputs are heavy-tailed: the attention's output and the
+            MLP's gated product. int8 activations take a remainder row for these: with one row
+            the logits of Gemma 3 moved by 4.9e-2 of their range, by 1.3e-2 with the remainder
+            row on down_proj alone, and as little as with float32 ones with it on both
+            (bench/RESULTS.md); the other matrices keep one row."""
+            t = tensors.pop(p + name)
+            if isinstance(t, QuantTensor):
+                t.outlier_inputs = True
+            return ops.weight(t)
+
         self.window = cfg.window(i)  # keys in the sliding window; 0: global attention
         self.attn_norm = norm("input_layernorm.weight")  # [hidden]
         # [n_heads * hd, hidden], [n_kv * hd, hidden] x 2
@@ -62,7 +74,7 @@ class Layer:
         self.qkv_bias = [v(f"self_attn.{x}_proj.bias") for x in "qkv"] if fam.qkv_bias else None
         self.q_norm = norm("self_attn.q_norm.weight") if fam.qk_norm else None  # [hd]
         self.k_norm = norm("self_attn.k_norm.weight") if fam.qk_norm else None
-        self.o_proj = w("self_attn.o_proj.weight")  # [hidden, n_heads * hd]
+        self.o_proj = outliers_in("self_attn.o_proj.weight")  # [hidden, n_heads * hd]
         if fam.sandwich_norms:
             self.post_attn_norm = norm("post_attention_layernorm.weight")
             self.mlp_norm = norm("pre_feedforward_layernorm.weight")
@@ -71,7 +83,7 @@ class Layer:
             self.post_attn_norm = self.post_mlp_norm = None
             self.mlp_norm = norm("post_attention_layernorm.weight")
         self.gate_up = [w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]  # [inter, hidden] x 2
-        self.down_proj = w("mlp.down_proj.weight")  # [hidden, intermediate]
+        self.down_proj = outliers_in("mlp.down_proj.weight")  # [hidden, intermediate]
 
 
 class _Batch:
