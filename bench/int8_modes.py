@@ -1,0 +1,64 @@
+"""Decode tokens/s of one GGUF on pool under each way the Q4_K/Q6_K matvecs take activations,
+interleaved in one process (so a noisy host moves them all alike):
+
+    python bench/int8_modes.py ~/.cache/inferno/bench/qwen3-1.7b-shape.Q4_K_M.gguf -r 5
+
+float32; one int8 row everywhere (ggml's Q8_K); the default (a remainder row for the weights the
+decoder marks outlier_inputs: o_proj, down_proj); two rows everywhere. Each round decodes -n
+tokens after a 4-token prompt; the table holds medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import inferno
+from inferno.backends.quant import QuantTensor
+
+MODES = ["float32", "one int8 row everywhere", "default (remainder row on o_proj, down_proj)",
+         "two int8 rows everywhere"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model")
+    p.add_argument("-r", "--rounds", type=int, default=3)
+    p.add_argument("-n", "--tokens", type=int, default=32)
+    args = p.parse_args()
+    engine = inferno.load(args.model, backend="pool", progress=False)
+    model, ops = engine.model, engine.ops
+    mats = [m for layer in model.layers
+            for m in (*layer.qkv, layer.o_proj, *layer.gate_up, layer.down_proj)] + [model.lm_head]
+    mats = [m for m in mats if isinstance(m, QuantTensor)]
+    marked = {id(m): m.outlier_inputs for m in mats}
+
+    def use(mode: str) -> None:
+        ops.int8_activations = mode != "float32"
+        for m in mats:
+            m.outlier_inputs = {MODES[1]: False, MODES[3]: True}.get(mode, marked[id(m)])
+
+    def decode() -> float:
+        cache = model.new_cache(args.tokens + 8)
+        model.forward(np.arange(4), cache, last_only=True)
+        t0 = time.perf_counter()
+        for _ in range(args.tokens):
+            ops.to_numpy(model.forward([7], cache, last_only=True))
+        return args.tokens / (time.perf_counter() - t0)
+
+    runs = {mode: [] for mode in MODES}
+    for _ in range(args.rounds):
+        for mode in MODES:
+            use(mode)
+            runs[mode].append(decode())
+    base = np.median(runs["float32"])
+    print("| activations | tokens/s | vs float32 |\n| --- | ---: | ---: |")
+    for mode in MODES:
+        print(f"| {mode} | {np.median(runs[mode]):.2f} | {np.median(runs[mode]) / base:.2f}x |")
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
