@@ -78,25 +78,19 @@ def quantize_k(x, x8, r8, dx, dr, xs, two):
             v = vload(x, o + 16 * i)
             q = vrint(vmul(v, inv))
             vstore_i8(x8, o + 16 * i, q)
+            xs[32 * u + i] = d * vsum(q)  # sums of integers: exact
             if two:
                 r = vfma(q, vsplat(-d), v)
                 vstore(res, 16 * i, r)
                 rmax = max(rmax, vamax(r))
-            else:
-                xs[32 * u + i] = d * vsum(q)
-        if not two:
-            for g in range(8):
-                xs[32 * u + 16 + g] = 0.0
-                xs[32 * u + 24 + g] = xs[32 * u + 2 * g] + xs[32 * u + 2 * g + 1]
-            continue
-        e = rmax / np.float32(127.0)
-        dr[u] = e
-        rinv = vsplat(np.float32(127.0) / rmax if rmax > 0 else np.float32(0.0))
-        for i in range(16):
-            q = vrint(vmul(vload(res, 16 * i), rinv))
-            vstore_i8(r8, o + 16 * i, q)
-            # the run's dequantized sum: d * (x8's) + e * (r8's), each sum of integers exact
-            xs[32 * u + i] = d * vsum(vrint(vmul(vload(x, o + 16 * i), inv))) + e * vsum(q)
+        if two:
+            e = rmax / np.float32(127.0)
+            dr[u] = e
+            rinv = vsplat(np.float32(127.0) / rmax if rmax > 0 else np.float32(0.0))
+            for i in range(16):
+                q = vrint(vmul(vload(res, 16 * i), rinv))
+                vstore_i8(r8, o + 16 * i, q)
+                xs[32 * u + i] += e * vsum(q)
         for g in range(8):
             xs[32 * u + 16 + g] = 0.0
             xs[32 * u + 24 + g] = xs[32 * u + 2 * g] + xs[32 * u + 2 * g + 1]
