@@ -73,10 +73,15 @@ def decode(stored: np.ndarray) -> np.ndarray:
     """Stored rows [n, row_elements] back to float32 [n, width]; the type is read off the dtype."""
     cache_type = cache_type_of(stored)
     if cache_type == "bf16":
-        return (stored.astype(np.uint32) << 16).view(np.float32)
+        return widen_bf16(stored)
     if cache_type == "q8_0":
         return dequantize_q8_0(stored)
     return stored.astype(np.float32)
+
+
+def widen_bf16(raw: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) as float32: the 16 bits become a float32's top half, exactly."""
+    return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:

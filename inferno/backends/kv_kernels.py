@@ -33,6 +33,8 @@ from numba.extending import intrinsic
 from inferno.backends.base import CACHE_TYPES
 from inferno.backends.cache_types import Q8_0_BYTES, QK8_0
 from inferno.backends.kernels import exp_into, jit
+from inferno.backends.lanes import f16bits
+from inferno.backends.qkernels import quantize_q8_0
 
 F32, F16, BF16, Q8_0 = (CACHE_TYPES.index(t) for t in ("f32", "f16", "bf16", "q8_0"))
 
@@ -47,14 +49,6 @@ def f16_to_f32(typingctx, h):
     def codegen(context, builder, sig, args):
         return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
     return types.float32(types.uint16), codegen
-
-
-@intrinsic
-def f32_to_f16(typingctx, x):
-    """float32 -> IEEE half bits (uint16), rounded to nearest even as numpy's astype does."""
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-    return types.uint16(types.float32), codegen
 
 
 @intrinsic
@@ -73,27 +67,6 @@ def f32_to_bits(typingctx, x):
 
 # -- writes ---------------------------------------------------------------------------------------
 @exact
-def quantize_q8_0_row(x, dst):
-    """One row of float32 features as Q8_0 blocks (dst: its bytes), as cache_types.quantize_q8_0."""
-    for b in range(x.shape[0] // QK8_0):
-        xs = x[b * QK8_0:(b + 1) * QK8_0]
-        amax = np.float32(0.0)
-        for i in range(QK8_0):
-            amax = max(amax, abs(xs[i]))
-        d = amax / np.float32(127.0)
-        inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-        block = dst[b * Q8_0_BYTES:(b + 1) * Q8_0_BYTES]
-        block[:2].view(np.uint16)[0] = f32_to_f16(d)
-        qs = block[2:].view(np.int8)
-        for i in range(QK8_0):
-            v = xs[i] * inv
-            a = abs(v)
-            whole = np.floor(a)
-            r = whole + np.floor(np.float32(2.0) * (a - whole))  # roundf: halves away from zero
-            qs[i] = np.int8(-r if v < 0 else r)
-
-
-@exact
 def write_rows(rows, raw, kind, slot, start):
     """Rows of float32 [n, width] into positions start.. of one slot, converted to the cache type."""
     for i in range(rows.shape[0]):
@@ -103,7 +76,7 @@ def write_rows(rows, raw, kind, slot, start):
         elif kind == F16:
             y = dst.view(np.uint16)
             for d in range(x.shape[0]):
-                y[d] = f32_to_f16(x[d])
+                y[d] = f16bits(x[d])
         elif kind == BF16:
             y = dst.view(np.uint16)
             for d in range(x.shape[0]):
@@ -111,7 +84,8 @@ def write_rows(rows, raw, kind, slot, start):
                 rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
                 y[d] = np.uint16(0x7FC0) if x[d] != x[d] else np.uint16(rounded)  # NaN stays quiet NaN
         else:
-            quantize_q8_0_row(x, dst)
+            # Q8_0 blocks exactly as the weights' quantizer (and cache_types) make them
+            quantize_q8_0(x.reshape(1, -1), dst.reshape(1, -1), 0, 1)
 
 
 # -- reads ----------------------------------------------------------------------------------------

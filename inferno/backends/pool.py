@@ -34,6 +34,7 @@ import numpy as np
 from inferno.backends import kernels as K
 from inferno.backends import kv_kernels as KV
 from inferno.backends import qkernels as Q
+from inferno.backends.qkernels import chunk_start
 from inferno.backends.quant import QuantTensor
 from inferno.backends.simd import SimdBackend, check_width, contiguous, prefill_tile, token_ids
 from inferno.errors import InfernoError
@@ -42,68 +43,60 @@ _LAUNCH = threading.Lock()  # NOTE: process-wide, like Numba's worker team it gu
 _THREADS_SET = threading.local()  # the count set with nb.set_num_threads, per calling thread
 
 
-@nb.njit(cache=True)
-def _bounds(n, c, chunks, align):
-    """Start of chunk c of `chunks` over n rows, on a multiple of `align`."""
-    if c >= chunks:
-        return n
-    return (n * c // chunks) // align * align
-
-
 @nb.njit(parallel=True, cache=True)
 def _matvec(w, x, y, chunks):
     n = w.shape[0]
     for c in nb.prange(chunks):
-        K.matvec(w, x, y, _bounds(n, c, chunks, 4), _bounds(n, c + 1, chunks, 4))
+        K.matvec(w, x, y, chunk_start(n, c, chunks, 4), chunk_start(n, c + 1, chunks, 4))
 
 
 @nb.njit(parallel=True, cache=True)
 def _gemm(a, b, out, chunks):
     n = a.shape[0]
     for c in nb.prange(chunks):
-        K.gemm_rows(a, b, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+        K.gemm_rows(a, b, out, chunk_start(n, c, chunks, 1), chunk_start(n, c + 1, chunks, 1))
 
 
 @nb.njit(parallel=True, cache=True)
 def _rms_norm(x, w, eps, out, chunks):
     n = x.shape[0]
     for c in nb.prange(chunks):
-        K.rms_norm_rows(x, w, eps, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+        K.rms_norm_rows(x, w, eps, out, chunk_start(n, c, chunks, 1), chunk_start(n, c + 1, chunks, 1))
 
 
 @nb.njit(parallel=True, cache=True)
 def _rope(x, cos, sin, head_dim, out, chunks):
     n = x.shape[0]
     for c in nb.prange(chunks):
-        K.rope_rows(x, cos, sin, head_dim, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+        K.rope_rows(x, cos, sin, head_dim, out, chunk_start(n, c, chunks, 1), chunk_start(n, c + 1, chunks, 1))
 
 
 @nb.njit(parallel=True, cache=True)
 def _silu_mul(gate, up, out, chunks):
     n = gate.shape[0]
     for c in nb.prange(chunks):
-        K.silu_mul_rows(gate, up, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+        K.silu_mul_rows(gate, up, out, chunk_start(n, c, chunks, 1), chunk_start(n, c + 1, chunks, 1))
 
 
 @nb.njit(parallel=True, cache=True)
 def _softmax(x, out, chunks):
     n = x.shape[0]
     for c in nb.prange(chunks):
-        K.softmax_rows(x, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+        K.softmax_rows(x, out, chunk_start(n, c, chunks, 1), chunk_start(n, c + 1, chunks, 1))
 
 
 @nb.njit(parallel=True, cache=True)
 def _scale(x, s, out, chunks):
     n = x.shape[0]
     for c in nb.prange(chunks):
-        K.scale_rows(x, s, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+        K.scale_rows(x, s, out, chunk_start(n, c, chunks, 1), chunk_start(n, c + 1, chunks, 1))
 
 
 @nb.njit(parallel=True, cache=True)
 def _fill_upper(x, value, offset, out, chunks):
     n = x.shape[0]
     for c in nb.prange(chunks):
-        K.fill_upper_rows(x, value, offset, out, _bounds(n, c, chunks, 1), _bounds(n, c + 1, chunks, 1))
+        K.fill_upper_rows(x, value, offset, out, chunk_start(n, c, chunks, 1), chunk_start(n, c + 1, chunks, 1))
 
 
 @nb.njit(parallel=True, cache=True)

@@ -398,8 +398,9 @@ def linear(kind, w, x, out, tile, mode):
 
 # -- parallel drivers (the pool backend): one launch, rows split across Numba's OpenMP team ----------
 @nb.njit(cache=True, nogil=True, inline="always")
-def _bounds(n, c, chunks, align):
-    """Start of chunk c of `chunks` over n rows, on a multiple of `align` (pool.py's _bounds)."""
+def chunk_start(n, c, chunks, align):
+    """Start of chunk c of `chunks` over n rows, on a multiple of `align` (c == chunks: n); the
+    pool backend's kernels split their rows with it too."""
     if c >= chunks:
         return n
     return (n * c // chunks) // align * align
@@ -413,13 +414,13 @@ def linear_par(kind, w, x, out, tile, chunks, mode):
         tiles = (rows + tile - 1) // tile
         scratch = np.empty((chunks, tile * n + B * tile), np.float32)  # one per thread
         for c in nb.prange(chunks):
-            t0, t1 = _bounds(tiles, c, chunks, 1), _bounds(tiles, c + 1, chunks, 1)
+            t0, t1 = chunk_start(tiles, c, chunks, 1), chunk_start(tiles, c + 1, chunks, 1)
             prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch[c])
         return
     xs = np.empty((B, n // 32), np.float32)
     xq = activations(x, xs, mode if B == 1 and int_dot(kind) else 0)
     for c in nb.prange(chunks):
-        rows_kernel(kind, w, x, xs, xq, out, 0, _bounds(rows, c, chunks, 2), _bounds(rows, c + 1, chunks, 2))
+        rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, 2), chunk_start(rows, c + 1, chunks, 2))
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
@@ -436,7 +437,7 @@ def linear_many_par(kinds, ws, x, out, chunks, mode):
     xq = activations(x, xs, mode if B == 1 and any_int else 0)
     total = out.shape[1]
     for c in nb.prange(chunks):
-        lo, hi = _bounds(total, c, chunks, 2), _bounds(total, c + 1, chunks, 2)
+        lo, hi = chunk_start(total, c, chunks, 2), chunk_start(total, c + 1, chunks, 2)
         start = 0
         for k in range(len(ws)):
             rows = ws[k].shape[0]
@@ -449,7 +450,7 @@ def linear_many_par(kinds, ws, x, out, chunks, mode):
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
 def embed_par(kind, w, ids, out, chunks):
     for c in nb.prange(chunks):
-        embed_rows(kind, w, ids, out, _bounds(len(ids), c, chunks, 1), _bounds(len(ids), c + 1, chunks, 1))
+        embed_rows(kind, w, ids, out, chunk_start(len(ids), c, chunks, 1), chunk_start(len(ids), c + 1, chunks, 1))
 
 
 # -- quantizing float32 rows (quant.quantize), bit for bit as the gguf package does ----------------
@@ -510,7 +511,7 @@ def quantize_par(w, out, q8, chunks):
     """quantize_q8_0 (q8) or quantize_q4_0 over all rows, split into chunks across threads."""
     rows = w.shape[0]
     for c in nb.prange(chunks):
-        r0, r1 = _bounds(rows, c, chunks, 1), _bounds(rows, c + 1, chunks, 1)
+        r0, r1 = chunk_start(rows, c, chunks, 1), chunk_start(rows, c + 1, chunks, 1)
         if q8:
             quantize_q8_0(w, out, r0, r1)
         else:

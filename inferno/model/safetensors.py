@@ -19,16 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from inferno.backends.cache_types import widen_bf16
 from inferno.backends.quant import QuantTensor
 from inferno.errors import InfernoError, one_line
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
 MAX_HEADER = 100_000_000  # the format's own limit on the JSON header
-
-
-def widen_bf16(raw: np.ndarray) -> np.ndarray:
-    """bfloat16 bits (uint16) as float32: the 16 bits become a float32's top half, exactly."""
-    return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
 class SafetensorsFile:
