@@ -75,11 +75,15 @@ def test_config_and_tokenizer(engine):
 def test_logits_match_transformers_on_the_same_gguf(engine, oracle):
     ids, want, _ = oracle
     assert len(ids) == 128
-    got = engine.logits(ids)
+    assert_near_oracle(engine.logits(ids), want, engine.backend)
+
+
+def assert_near_oracle(got, want, label):
+    """Within 1e-2 of the logits' range everywhere, and the same top token at 99% of positions."""
     err = np.abs(got - want).max() / np.abs(want).max()
-    assert err < 1e-2, f"{engine.backend}: max error {err:.2e} of the logits' range"
+    assert err < 1e-2, f"{label}: max error {err:.2e} of the logits' range"
     agree = (got.argmax(-1) == want.argmax(-1)).mean()
-    assert agree >= 0.99, f"{engine.backend}: top-1 agreement {agree:.3f}"
+    assert agree >= 0.99, f"{label}: top-1 agreement {agree:.3f}"
 
 
 @pytest.mark.parametrize("prompt,fact", FACTS)
@@ -99,7 +103,6 @@ def test_decode_token_by_token_matches_transformers(backend, int8, gguf_path, or
     heavy-tailed (o_proj, down_proj; qdot.py). Both meet the bound prefill meets (measured:
     5.0e-4 and 5.7e-4 of the logits' range, top-1 100%; one row everywhere, as ggml, gave 4.9e-2
     and 95.3%, and the remainder on down_proj alone 1.3e-2 and 96.9%: both fail this test)."""
-    bound, top1 = 1e-2, 0.99
     ids, want, _ = oracle
     engine = inferno.load(gguf_path, backend=backend, progress=False, int8_activations=int8)
     try:
@@ -109,7 +112,4 @@ def test_decode_token_by_token_matches_transformers(backend, int8, gguf_path, or
         got = np.stack([ops.to_numpy(model.forward([t], cache, last_only=True))[0] for t in ids])
     finally:
         engine.close()
-    err = np.abs(got - want).max() / np.abs(want).max()
-    assert err < bound, f"{backend}: max error {err:.2e} of the logits' range"
-    agree = (got.argmax(-1) == want.argmax(-1)).mean()
-    assert agree >= top1, f"{backend}: top-1 agreement {agree:.3f}"
+    assert_near_oracle(got, want, f"{backend}, int8 {int8}")

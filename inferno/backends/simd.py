@@ -97,14 +97,13 @@ class SimdBackend(Backend):
     name = "simd"
     threads = 1
     default_cache_type = "f16"  # llama.cpp's default: half the bytes decode reads, same answers
-    # Decode matvecs of Q4_K and Q6_K weights take the activation row as int8 (qdot.py:
-    # llama.cpp's Q8_K, plus a row for its remainder where the weight's outlier_inputs says so),
-    # by default where x86 multiplies bytes fast (AVX2): 2-2.8x the weights per second on one
-    # core. Decoded token by token against transformers the logits stay as close as with float32
-    # activations (bench/RESULTS.md). False keeps float32 activations.
-    int8_activations = False
 
     def __init__(self, int8_activations: bool | None = None):
+        # Decode matvecs of Q4_K and Q6_K weights take the activation row as int8 (qdot.py:
+        # llama.cpp's Q8_K, plus a row for its remainder where the weight's outlier_inputs says
+        # so), by default where x86 multiplies bytes fast (AVX2): 2-2.8x the weights per second
+        # on one core. Decoded token by token against transformers the logits stay as close as
+        # with float32 activations (bench/RESULTS.md). False keeps float32 activations.
         self.int8_activations = fast_int_dot() if int8_activations is None else bool(int8_activations)
         blas.limit_to_one_thread()  # sgemm on this core only
         reuse_freed_activations()

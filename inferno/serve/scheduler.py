@@ -101,27 +101,24 @@ class BatchEngine:
                  metrics: Metrics | None = None):
         """`engine`: an Engine, or a function that loads one on the batch's thread (see the
         module docstring; its exceptions are raised here)."""
-        self._thread, self._abandoned = None, False
-        if callable(engine) and not isinstance(engine, Engine):
-            engine = self._start(engine)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._go = threading.Event()  # set once the setup is done: the loop may start
+        self._abandoned = False
+        ours = callable(engine) and not isinstance(engine, Engine)
+        engine = self._start(engine if ours else lambda: engine)
         try:
             self._setup(engine, parallel, ctx_size, queue_limit, chunk, metrics)
         except BaseException:
-            if self._thread is not None:  # the engine is ours: let the thread end, close it
-                self._abandoned = True
-                self._go.set()
+            self._abandoned = True  # the thread ends without looping
+            self._go.set()
+            if ours:
                 engine.close()
             raise
         self._go.set()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="inferno-batch", daemon=True)
-            self._thread.start()
 
     def _start(self, load: Callable[[], Engine]) -> Engine:
         """Start the batch thread with `load`: the engine it returns, once loaded."""
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._go, box = threading.Event(), {}
-        loaded = threading.Event()
+        box, loaded = {}, threading.Event()
 
         def run():
             try:
@@ -154,9 +151,6 @@ class BatchEngine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.steps = 0
-        if self._thread is None:
-            self._inbox = queue.SimpleQueue()
-            self._go = threading.Event()
         self._lock = threading.Lock()
         self._pending = 0  # sequences submitted and not yet in a slot
         self._closed = False
