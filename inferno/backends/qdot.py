@@ -40,6 +40,10 @@ from inferno.backends.kernels import FAST
 from inferno.backends.lanes import f16at, prefetch, vfma, vload, vmul, vsplat, vstore, vsum, vzero
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
+# For the per-block helpers: Numba compiles each jitted function on its own and leaves inlining to
+# LLVM, which declined q6k_unit (its size): every super-block then paid a call that pushed ~40
+# words of array arguments and returned its vectors through memory. Inlined in Numba's IR instead.
+inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 
 QK = 256  # activations per scale, and weights per K-quant super-block
 Q4_K_BYTES, Q6_K_BYTES = 144, 210
@@ -119,7 +123,7 @@ def q4k_quarter(qa, x8, xo, sc, j):
     return iadd(lo, hi)
 
 
-@jit
+@inline
 def q4k_unit(f, o, x8, r8, dx, dr, xs, u, acc, macc):
     """The Q4_K super-block at byte o against the activations' super-block u: the row's float
     accumulators (acc: scaled dot products; macc: the mins' terms) advanced."""
@@ -159,7 +163,7 @@ def q6k_weights(f, o, h):
             bhigh(bbits(ql0, 4, 15), qh, 4), bhigh(bbits(ql1, 4, 15), qh, 6))
 
 
-@jit
+@inline
 def q6k_unit(f, o, x8, r8, dx, dr, xs, u, acc, macc):
     sc = wbytes(f, o + 192, True)  # 16 int8 scales
     d = f16at(f, o + 208)

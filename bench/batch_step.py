@@ -1,0 +1,64 @@
+"""The server's batched decode step in process: one `model.step` over B sequences, each one
+token after its own cached context, as the scheduler runs it (no HTTP, no sampling).
+
+    python bench/batch_step.py                          # SmolLM2 on pool, B = 1, 2, 4, 8, 16
+    python bench/batch_step.py -m gemma3-270m -B 1,8 --trace
+
+Per B: the median step time over -r steps, tokens/s (B / step) and that rate against B = 1 in
+the same run: what continuous batching can buy before the server adds its own costs.
+`--trace` prints the op histogram of the last B's steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import inferno
+from inferno.model.decoder import Segment
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", default=None)
+    p.add_argument("-b", "--backend", default="pool")
+    p.add_argument("-B", "--batches", default="1,2,4,8,16")
+    p.add_argument("-c", "--context", type=int, default=100, help="cached tokens per sequence")
+    p.add_argument("-r", "--steps", type=int, default=20)
+    p.add_argument("--trace", action="store_true")
+    p.add_argument("--int8", choices=("default", "on", "off"), default="default")
+    args = p.parse_args()
+    opts = {} if args.int8 == "default" else {"int8_activations": args.int8 == "on"}
+    engine = inferno.load(args.model, backend=args.backend, progress=False, trace=args.trace, **opts)
+    model, ops = engine.model, engine.ops
+    sizes = [int(b) for b in args.batches.split(",")]
+    rng = np.random.default_rng(0)
+    vocab = engine.config.vocab_size
+    base = None
+    print(f"{engine.source}, {args.backend}, {args.context} cached tokens per sequence")
+    print("|  B | step ms | tokens/s | vs B=1 |\n| ---: | ---: | ---: | ---: |")
+    for B in sizes:
+        cache = model.new_cache(args.context + args.steps + 2, slots=B)
+        for s in range(B):  # each slot's context, one prefill each
+            model.step([Segment(rng.integers(0, vocab, args.context), s, 0, logits=False)], cache)
+        if args.trace:
+            ops.reset()
+        times = []
+        for k in range(args.steps + 2):
+            segs = [Segment(rng.integers(0, vocab, 1), s, args.context + k) for s in range(B)]
+            t0 = time.perf_counter()
+            ops.to_numpy(model.step(segs, cache))
+            times.append(time.perf_counter() - t0)
+        ms = float(np.median(times[2:])) * 1e3
+        rate = B / ms * 1e3
+        base = base or rate
+        print(f"| {B:2d} | {ms:7.2f} | {rate:8.1f} | {rate / base:5.2f}x |")
+    if args.trace:
+        print(ops.format_histogram())
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
