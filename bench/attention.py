@@ -18,7 +18,7 @@ it. Each backend x flash setting runs in its own spawned process.
 dim 256, and Qwen3-0.6B's, 16 over 8 at 128) with a sliding window against full causal
 attention on the same tensors; `--mode decode` times one decode step's decode_attention over
 all layers (SmolLM2's 9 heads over 3, head dim 64, 30 layers: a cache bigger than the caches)
-in each cache type. Both alternate the variants round by round and report medians.
+in each cache type (`--shape qwen3-1.7b` or gemma3-270m for theirs). Both alternate the variants round by round and report medians.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ from inferno.backends import create_backend
 
 # (name, n_heads, n_kv_heads, head_dim) for the op-level modes
 WINDOW_SHAPES = [("gemma3-270m", 4, 1, 256), ("qwen3-0.6b", 16, 8, 128)]
-DECODE_SHAPE = ("smollm2-135m", 9, 3, 64, 30)  # and 30 layers
+# (name, n_heads, n_kv_heads, head_dim, layers) for --mode decode
+DECODE_SHAPES = {"smollm2-135m": (9, 3, 64, 30), "qwen3-1.7b": (16, 8, 128, 28),
+                 "gemma3-270m": (4, 1, 256, 18)}
 
 
 def measure(model: str, backend: str, flash: bool, sizes: list[int], reps: int, threads) -> list[dict]:
@@ -139,8 +141,9 @@ def window_table(backends: list[str], tokens: int, window: int, rounds: int, thr
     return "\n".join(lines)
 
 
-def decode_table(backends: list[str], kv_len: int, cache_types: list[str], rounds: int, threads) -> str:
-    shape, nh, nkv, hd, layers = DECODE_SHAPE
+def decode_table(backends: list[str], kv_len: int, cache_types: list[str], rounds: int, threads,
+                 shape: str = "smollm2-135m") -> str:
+    nh, nkv, hd, layers = DECODE_SHAPES[shape]
     lines = [f"decode_attention, one step over {layers} layers, {shape} heads {nh}:{nkv}x{hd}, "
              f"{kv_len} cached tokens (medians of {rounds} interleaved rounds)", "",
              "| backend | cache | cache MB read | ms per step | GB/s | vs f32 |",
@@ -187,6 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--window", "-w", type=int, default=512, help="--mode window: the window")
     p.add_argument("--kv", type=int, default=4000, help="--mode decode: cached tokens")
     p.add_argument("--cache-types", default="f32,f16,bf16,q8_0", help="--mode decode: comma list")
+    p.add_argument("--shape", choices=sorted(DECODE_SHAPES), default="smollm2-135m",
+                   help="--mode decode: whose heads and layers")
     p.add_argument("--rounds", type=int, default=7, help="--mode window/decode: interleaved rounds")
     args = p.parse_args(argv)
     backends = bench.parse_names([args.backend or ("pool,simd" if args.mode == "prefill" else "pool")])
@@ -196,7 +201,7 @@ def main(argv=None) -> int:
         return 0
     if args.mode == "decode":
         print(decode_table(backends, args.kv, bench.parse_names([args.cache_types]), args.rounds,
-                           args.threads))
+                           args.threads, args.shape))
         return 0
     rows = []
     context = multiprocessing.get_context("spawn")

@@ -3,8 +3,9 @@ decode attention over the cache as stored (no float32 copy of it), for the simd 
 backends.
 
 A kernel takes a buffer as its bytes (uint8 [slots, capacity, row_bytes]) plus `kind`, the cache
-type's index in CACHE_TYPES, so one compiled kernel serves all four types: the branch on kind
-is taken once per tile of rows, and each branch's inner loop over the features vectorises.
+type's index in CACHE_TYPES. Writes and reads branch on it once per row; decode compiles one
+copy of its loops per type (the kind passed on as a literal), since its branch would sit in the
+innermost loop.
 
 Numba has no float16 on the CPU (an array of it fails to compile: "NotImplementedError:
 float16"). Converting the bits by hand (shifts, a multiply by 2^112, a select for inf/NaN) runs
@@ -12,12 +13,12 @@ at 0.39 ns per element in a dot product here, against 0.13 for float32; the intr
 emit LLVM's own half <-> float conversion instead, which compiles to vcvtph2ps / vcvtps2ph
 (F16C, AVX-512 here): 0.15 ns per element, and bit-exact with numpy's conversions both ways.
 
-Decode accumulates in float32: a tile of cached rows is converted once into float32 scratch and
-read by every query head of each KV head's group (GQA), so a cache row is read and converted
-once per step, not once per query head. Measured and not kept (SmolLM2's heads, 4000 cached
-tokens, 30 layers, one thread's CPU time per step): converting inside the dot products instead
-of into scratch (f16 19.7 against 19.5 ms, f32 28.9 against 24.3), and software prefetch of the
-next tile on top of that (slower again).
+Decode accumulates in float32 and reads the cache where it lies: each cached K or V slice is
+converted in registers (vcvtph2ps for f16) as the dot products take it, never copied out. The
+kernel before this one converted tiles of whole rows into float32 scratch, which every query head
+then read back from L2; with one FMA chain per key it waited on FMA latency as well. Qwen3-1.7B's
+heads (16 over 8, head dim 128), 4000 cached f16 tokens, 28 layers, pool on 2 threads: 26.4 ms
+a step that way, 15.3 ms this way (bench/attention.py --mode decode --shape qwen3-1.7b).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from numba.extending import intrinsic
 
 from inferno.backends.base import CACHE_TYPES
 from inferno.backends.cache_types import Q8_0_BYTES, QK8_0
-from inferno.backends.kernels import exp_into, jit
-from inferno.backends.lanes import f16bits
+from inferno.backends.kernels import FAST, exp_into, jit
+from inferno.backends.lanes import f16at, f16bits, prefetch, vadd, vbf16, vf16, vfma, vi8, vload, vmul, vsplat, vstore, vsum, vzero
 from inferno.backends.qkernels import quantize_q8_0
 
 F32, F16, BF16, Q8_0 = (CACHE_TYPES.index(t) for t in ("f32", "f16", "bf16", "q8_0"))
@@ -41,6 +42,7 @@ F32, F16, BF16, Q8_0 = (CACHE_TYPES.index(t) for t in ("f32", "f16", "bf16", "q8
 # Writes round exactly as cache_types.py does: no fastmath (arcp would turn amax / 127 into a
 # multiply by a rounded reciprocal and change Q8_0's scales).
 exact = nb.njit(cache=True, nogil=True)
+inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 
 
 @intrinsic
@@ -139,58 +141,146 @@ def read_rows(raw, kind, slot, start, out):
 
 
 # -- batched decode attention ---------------------------------------------------------------------
-# Keys per tile in decode: whole cached rows, converted to float32 (at Qwen3-0.6B's width, 8 x 128,
-# 512 KB: in L2). Measured here per layer at 4000 cached tokens, tiles of 32 / 64 / 128 / 256 keys:
-# SmolLM2 (9:3 x 64) in L3, f32 0.85 / 0.64 / 0.47 / 0.48 ms; from DRAM (30 layers) within 10%
-# of each other; Qwen3-0.6B (16:8 x 128) f16, 2.4 / 2.8 / 2.5 / 2.0 ms.
-DECODE_TILE = 128
+# Keys per tile in decode. A tile's rows come from DRAM once and stay in L1/L2 while every query
+# head of the step reads its KV head's slice of them (GQA: group heads share a slice).
+DECODE_TILE = 64
+
+
+@inline
+def _row16(kind, f, o, c):
+    """Elements 16c..16c + 16 of a cached head slice at byte o of f, as float32, converted in
+    registers (vcvtph2ps for f16): the slice is never copied out as float32."""
+    if kind == F32:
+        return vload(f, o + 64 * c)  # bytes of a uint8 array: 16 float32 at byte o + 64c
+    if kind == F16:
+        return vf16(f, o + 32 * c)
+    if kind == BF16:
+        return vbf16(f, o + 32 * c)
+    b = o + (c >> 1) * Q8_0_BYTES  # q8_0: a block of 32 is two chunks of 16, after its f16 scale
+    return vmul(vi8(f, b + 2 + 16 * (c & 1)), vsplat(f16at(f, b)))
+
+
+@inline
+def _elem(kind, f, o, d):
+    """Element d of a cached head slice at byte o (the head dims past the last 16; f32, f16 and
+    bf16 only: q8_0 slices are whole blocks of 32)."""
+    if kind == F32:
+        u = np.uint32(0)
+        for i in range(4):
+            u |= np.uint32(f[o + 4 * d + i]) << np.uint32(8 * i)
+        return bits_to_f32(u)
+    h = np.uint16(f[o + 2 * d]) | (np.uint16(f[o + 2 * d + 1]) << np.uint16(8))
+    if kind == F16:
+        return f16_to_f32(h)
+    return bits_to_f32(np.uint32(h) << np.uint32(16))
 
 
 @jit
-def tile_scores(qr, tile, col, n, out):
-    """out[j] = qr . tile[j, col:col + len(qr)] for the n rows of a tile. Four keys per pass
-    share each load of q (1.3-1.5x over one key per pass)."""
-    hd = qr.shape[0]
-    j = 0
-    while j + 4 <= n:
-        k0, k1 = tile[j, col:col + hd], tile[j + 1, col:col + hd]
-        k2, k3 = tile[j + 2, col:col + hd], tile[j + 3, col:col + hd]
-        a0 = a1 = a2 = a3 = np.float32(0.0)
-        for d in range(hd):
-            x = qr[d]
-            a0 += x * k0[d]
-            a1 += x * k1[d]
-            a2 += x * k2[d]
-            a3 += x * k3[d]
-        out[j], out[j + 1], out[j + 2], out[j + 3] = a0, a1, a2, a3
-        j += 4
-    while j < n:
-        kr = tile[j, col:col + hd]
-        a0 = np.float32(0.0)
-        for d in range(hd):
-            a0 += qr[d] * kr[d]
-        out[j] = a0
-        j += 1
+def head_bytes(kind, hd):
+    """Bytes of one KV head's slice of a cached row."""
+    if kind == F32:
+        return 4 * hd
+    if kind == Q8_0:
+        return hd // QK8_0 * Q8_0_BYTES
+    return 2 * hd
 
 
-@jit
-def tile_accumulate(p, tile, col, n, acc):
-    """acc += sum_j p[j] * tile[j, col:col + len(acc)]: four rows per pass, so acc is loaded
-    and stored once per four keys."""
-    hd = acc.shape[0]
+@inline
+def _scores(kind, qs, qo, f, o, rb, n, hd, sr):
+    """sr[j] = qs[qo:qo + hd] . the head slice of cached row j (at byte o + j rb), j < n. Four
+    keys per pass, each with two accumulators (even and odd chunks of 16): eight independent
+    FMA chains, where one key at a time waited on the FMA latency of its single chain (4 cycles
+    a chunk)."""
+    chunks = hd // 16
     j = 0
     while j + 4 <= n:
-        p0, p1, p2, p3 = p[j], p[j + 1], p[j + 2], p[j + 3]
-        v0, v1 = tile[j, col:col + hd], tile[j + 1, col:col + hd]
-        v2, v3 = tile[j + 2, col:col + hd], tile[j + 3, col:col + hd]
-        for d in range(hd):
-            acc[d] += p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d]
+        a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+        b0, b1, b2, b3 = vzero(), vzero(), vzero(), vzero()
+        p = o + j * rb
+        c = 0
+        while c + 2 <= chunks:
+            qa, qb = vload(qs, qo + 16 * c), vload(qs, qo + 16 * c + 16)
+            a0 = vfma(qa, _row16(kind, f, p, c), a0)
+            a1 = vfma(qa, _row16(kind, f, p + rb, c), a1)
+            a2 = vfma(qa, _row16(kind, f, p + 2 * rb, c), a2)
+            a3 = vfma(qa, _row16(kind, f, p + 3 * rb, c), a3)
+            b0 = vfma(qb, _row16(kind, f, p, c + 1), b0)
+            b1 = vfma(qb, _row16(kind, f, p + rb, c + 1), b1)
+            b2 = vfma(qb, _row16(kind, f, p + 2 * rb, c + 1), b2)
+            b3 = vfma(qb, _row16(kind, f, p + 3 * rb, c + 1), b3)
+            c += 2
+        if c < chunks:
+            qa = vload(qs, qo + 16 * c)
+            a0 = vfma(qa, _row16(kind, f, p, c), a0)
+            a1 = vfma(qa, _row16(kind, f, p + rb, c), a1)
+            a2 = vfma(qa, _row16(kind, f, p + 2 * rb, c), a2)
+            a3 = vfma(qa, _row16(kind, f, p + 3 * rb, c), a3)
+        sr[j], sr[j + 1] = vsum(vadd(a0, b0)), vsum(vadd(a1, b1))
+        sr[j + 2], sr[j + 3] = vsum(vadd(a2, b2)), vsum(vadd(a3, b3))
         j += 4
     while j < n:
-        pj, vr = p[j], tile[j, col:col + hd]
-        for d in range(hd):
-            acc[d] += pj * vr[d]
+        a = vzero()
+        for c in range(chunks):
+            a = vfma(vload(qs, qo + 16 * c), _row16(kind, f, o + j * rb, c), a)
+        sr[j] = vsum(a)
         j += 1
+    for d in range(16 * chunks, hd):  # head dims past the last 16
+        for j in range(n):
+            sr[j] += qs[qo + d] * _elem(kind, f, o + j * rb, d)
+
+
+@inline
+def _accumulate(kind, p, corr, f, o, rb, n, hd, acc, ao):
+    """acc[ao:ao + hd] = corr * acc[ao:ao + hd] + sum_j p[j] * (head slice of cached row j), j < n.
+    Four chunks of 16 dims per pass, each with two accumulators (even and odd keys), held in
+    registers over the tile: eight independent FMA chains."""
+    chunks = hd // 16
+    cv = vsplat(corr)
+    c = 0
+    while c < chunks:
+        w = min(4, chunks - c)  # chunks this pass (the last pass may have fewer)
+        a0, a1 = vmul(vload(acc, ao + 16 * c), cv), vzero()
+        a2, a3 = (vmul(vload(acc, ao + 16 * c + 16), cv) if w > 1 else vzero()), vzero()
+        a4, a5 = (vmul(vload(acc, ao + 16 * c + 32), cv) if w > 2 else vzero()), vzero()
+        a6, a7 = (vmul(vload(acc, ao + 16 * c + 48), cv) if w > 3 else vzero()), vzero()
+        j = 0
+        while j + 2 <= n:
+            pe, po = vsplat(p[j]), vsplat(p[j + 1])
+            q0, q1 = o + j * rb, o + (j + 1) * rb
+            a0 = vfma(pe, _row16(kind, f, q0, c), a0)
+            a1 = vfma(po, _row16(kind, f, q1, c), a1)
+            if w > 1:
+                a2 = vfma(pe, _row16(kind, f, q0, c + 1), a2)
+                a3 = vfma(po, _row16(kind, f, q1, c + 1), a3)
+            if w > 2:
+                a4 = vfma(pe, _row16(kind, f, q0, c + 2), a4)
+                a5 = vfma(po, _row16(kind, f, q1, c + 2), a5)
+            if w > 3:
+                a6 = vfma(pe, _row16(kind, f, q0, c + 3), a6)
+                a7 = vfma(po, _row16(kind, f, q1, c + 3), a7)
+            j += 2
+        if j < n:
+            pe, q0 = vsplat(p[j]), o + j * rb
+            a0 = vfma(pe, _row16(kind, f, q0, c), a0)
+            if w > 1:
+                a2 = vfma(pe, _row16(kind, f, q0, c + 1), a2)
+            if w > 2:
+                a4 = vfma(pe, _row16(kind, f, q0, c + 2), a4)
+            if w > 3:
+                a6 = vfma(pe, _row16(kind, f, q0, c + 3), a6)
+        vstore(acc, ao + 16 * c, vadd(a0, a1))
+        if w > 1:
+            vstore(acc, ao + 16 * c + 16, vadd(a2, a3))
+        if w > 2:
+            vstore(acc, ao + 16 * c + 32, vadd(a4, a5))
+        if w > 3:
+            vstore(acc, ao + 16 * c + 48, vadd(a6, a7))
+        c += w
+    for d in range(16 * chunks, hd):  # head dims past the last 16
+        t = acc[ao + d] * corr
+        for j in range(n):
+            t += p[j] * _elem(kind, f, o + j * rb, d)
+        acc[ao + d] = t
 
 
 @jit
@@ -198,12 +288,31 @@ def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads,
                part_acc, part_m, part_l):
     """One job of a decode step: sequence b, split `split` of the keys it attends
     (max(0, kv_len - window) .. kv_len - 1, cut into n_splits contiguous ranges), every head.
-    Tiles of whole cached rows are converted once and read by every query head of each KV head
-    (GQA); whole rows, because walking one KV head's slice at a time strides through memory
-    (1.3-1.5x slower from DRAM). Leaves each head's unnormalised accumulator, running max m and
-    running sum l in part_acc [B, n_heads, n_splits, hd], part_m, part_l [B, n_heads, n_splits];
-    merge_parts combines the splits. An empty split leaves m = -inf, l = 0, acc = 0.
-    """
+    Leaves each head's unnormalised accumulator, running max m and running sum l in part_acc
+    [B, n_heads, n_splits, hd], part_m, part_l [B, n_heads, n_splits]; merge_parts combines the
+    splits. An empty split leaves m = -inf, l = 0, acc = 0. Each cache type compiles its own
+    loops (the kind a literal, as qkernels.rows_kernel does)."""
+    if kind == F32:
+        _decode_job(F32, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+                    part_acc, part_m, part_l)
+    elif kind == F16:
+        _decode_job(F16, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+                    part_acc, part_m, part_l)
+    elif kind == BF16:
+        _decode_job(BF16, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+                    part_acc, part_m, part_l)
+    else:
+        _decode_job(Q8_0, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+                    part_acc, part_m, part_l)
+
+
+@jit
+def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+                part_acc, part_m, part_l):
+    """Tile by tile of keys, head by head: the head's scores over the tile (each key slice
+    converted in registers and dotted with the query in 16-lane vectors), the online softmax,
+    then the value rows into the head's accumulator, 16 dims at a time held in registers over
+    the tile's keys (the module docstring says what this replaced)."""
     n_heads, n_splits = q.shape[1] // head_dim, part_acc.shape[2]
     b, split = job // n_splits, job % n_splits
     kv_len = kv_lens[b]
@@ -212,46 +321,49 @@ def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads,
     lo = first + split * size
     hi = min(lo + size, kv_len)
     group, hd = n_heads // n_kv_heads, head_dim
+    chunks, hb = hd // 16, head_bytes(kind, hd)
+    kf, vf = k_raw.reshape(-1), v_raw.reshape(-1)
+    rb = k_raw.shape[2]  # bytes per cached row
+    row0 = (slots[b] * k_raw.shape[1]) * rb  # the slot's first row
     scale32 = np.float32(scale)
-    qs = np.empty((n_heads, hd), np.float32)  # the queries, scaled
-    for h in range(n_heads):
-        for d in range(hd):
-            qs[h, d] = q[b, h * hd + d] * scale32
+    qs = np.empty(n_heads * hd, np.float32)  # the queries, scaled
+    for i in range(n_heads * hd):
+        qs[i] = q[b, i] * scale32
     rows = max(1, min(DECODE_TILE, hi - lo))  # a short cache needs a short tile
-    s = np.empty((n_heads, rows), np.float32)  # a tile's scores, then probabilities
+    sr = np.empty(rows, np.float32)  # a head's scores over the tile, then its probabilities
     shifted = np.empty(rows, np.float32)
     bits = np.empty(rows, np.int32)
-    tile = np.empty((rows, n_kv_heads * hd), np.float32)  # cached K or V rows, converted
-    acc = np.zeros((n_heads, hd), np.float32)
+    acc = np.zeros(n_heads * hd, np.float32)
     m = np.full(n_heads, -np.inf, np.float32)
     l = np.zeros(n_heads, np.float32)
-    corr = np.empty(n_heads, np.float32)
-    slot = slots[b]
     for t0 in range(lo, hi, rows):
         n = min(rows, hi - t0)
-        load_rows(k_raw, kind, slot, t0, n, 0, n_kv_heads * hd, tile)
+        base = row0 + t0 * rb
+        # The next tile's K and V rows, a cache line at a time: the heads below walk one KV
+        # head's slice of each row (a stride of rb bytes), which the hardware prefetchers follow
+        # poorly; the tile's rows are contiguous, so this streams them as whole rows.
+        ahead = min(rows, hi - t0 - n) * rb
+        for k in range(0, ahead, 64):
+            prefetch(kf, base + n * rb + k)
+            prefetch(vf, base + n * rb + k)
         for h in range(n_heads):
-            sr = s[h]
-            tile_scores(qs[h], tile, h // group * hd, n, sr)
+            o, qo = base + (h // group) * hb, h * hd
+            _scores(kind, qs, qo, kf, o, rb, n, hd, sr)
             mx = m[h]
             for j in range(n):
                 mx = max(mx, sr[j])
             for j in range(n):
                 shifted[j] = sr[j] - mx
-            exp_into(shifted, sr, bits, n)  # s[h, :n] now holds probabilities
-            corr[h] = np.float32(math.exp(m[h] - mx))  # 0 on the first tile (m = -inf)
+            exp_into(shifted, sr, bits, n)  # sr now holds probabilities
+            corr = np.float32(math.exp(m[h] - mx))  # 0 on the first tile (m = -inf)
             total = np.float32(0.0)
             for j in range(n):
                 total += sr[j]
-            l[h] = l[h] * corr[h] + total
+            l[h] = l[h] * corr + total
             m[h] = mx
-        load_rows(v_raw, kind, slot, t0, n, 0, n_kv_heads * hd, tile)
-        for h in range(n_heads):
-            a, c = acc[h], corr[h]
-            for d in range(hd):
-                a[d] *= c
-            tile_accumulate(s[h], tile, h // group * hd, n, a)
-    part_acc[b, :, split] = acc
+            _accumulate(kind, sr, corr, vf, o, rb, n, hd, acc, qo)
+    for h in range(n_heads):
+        part_acc[b, h, split] = acc[h * hd:(h + 1) * hd]
     part_m[b, :, split] = m
     part_l[b, :, split] = l
 
