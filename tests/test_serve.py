@@ -209,19 +209,22 @@ def test_other_http_errors(server):
     assert [m["id"] for m in models["data"]] == [MODEL]
 
 
-def test_client_disconnect_frees_the_slot(server, client, slow_steps):
+def test_client_disconnect_frees_the_slot(server, client, engine, slow_steps):
     url, state = server
     batch = state.batch
+    # EOS banned: a random model that sampled it early would end the stream before the check
+    no_eos = {str(t): -100 for t in engine.eos}
     with httpx.stream("POST", url + "/v1/chat/completions",
-                      json={"model": MODEL, "messages": MESSAGES, "max_tokens": 200, "stream": True}) as r:
+                      json={"model": MODEL, "messages": MESSAGES, "max_tokens": 200, "stream": True,
+                            "logit_bias": no_eos}) as r:
         lines = r.iter_lines()
         while "content" not in next(lines):
             pass
         assert batch.stats()["slots_used"] == 1
     tokens = batch.metrics.generated_tokens
     with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
-        httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "max_tokens": 200},
-                   timeout=0.3)
+        httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "max_tokens": 200,
+                                                        "logit_bias": no_eos}, timeout=0.3)
     deadline = time.monotonic() + 5
     while batch.stats()["slots_used"] and time.monotonic() < deadline:
         time.sleep(0.01)
