@@ -11,8 +11,9 @@ Tables (medians of -r rounds; variants interleaved within a round, wall-clock ti
   order, so they stream from DRAM as a real decode step does; "1.7b" Qwen3-1.7B's, 4 copies.
   The `x` column says how the activations went in: f32, or int8 (qdot.py: the kinds it covers,
   where the machine has AVX2; the backends' default there).
-- few rows: 2..16 activation rows (the server's batched decode step) on one thread; Gw/s counts
-  weights x rows, "reads" how many times faster than one matvec per row that is.
+- few rows: 2..16 activation rows (the server's batched decode step) on one thread, f32 and int8
+  activations; Gw/s counts weights x rows, "reads" how many times faster than one matvec per
+  row (in the same mode) that is.
 - prefill: 512 activation rows on one thread, GFLOP/s against float32 sgemm on the same shape.
 - files: each SmolLM2 GGUF's own tensors (read in place with gguf's GGUFReader) run as one
   decode step's linears in model order, q/k/v and gate/up fused (linear_many), on pool with two
@@ -125,17 +126,20 @@ def few_table(types, reps):
     simd = SimdBackend()
     sizes = (2, 4, 8, 16)
     print("\nfew rows, one thread: Gw/s (weights x rows); reads = that over one matvec per row")
-    print(f"{'type':<6} " + " ".join(f"{'B=' + str(b):>8} {'reads':>6}" for b in sizes))
+    print(f"{'type':<6} {'x':<4} " + " ".join(f"{'B=' + str(b):>8} {'reads':>6}" for b in sizes))
     for name in ["F32"] + types:
         ws = [simd.weight(w) for w in weights(name, SMOL_LAYER, 10)]
-        fns = {}
-        for B in (1,) + sizes:
-            xs = {c: np.random.default_rng(B).standard_normal((B, c), dtype=np.float32) for c in (576, 1536)}
-            fns[B] = lambda xs=xs: [simd.linear(xs[w.shape[1]], w) for w in ws]
-        t = rounds(fns, reps, one_thread=True)
-        n = sum(w.shape[0] * w.shape[1] for w in ws)
-        cells = [f"{B * n / t[B] / 1e9:>8.1f} {t[1] * B / t[B]:>6.2f}" for B in sizes]
-        print(f"{name:<6} " + " ".join(cells), flush=True)
+        int8 = name in Q.KINDS and bool(Q.int_dot(Q.KINDS[name])) and fast_int_dot()
+        for x_type in ("f32", "int8") if int8 else ("f32",):
+            simd.int8_activations = x_type == "int8"
+            fns = {}
+            for B in (1,) + sizes:
+                xs = {c: np.random.default_rng(B).standard_normal((B, c), dtype=np.float32) for c in (576, 1536)}
+                fns[B] = lambda xs=xs: [simd.linear(xs[w.shape[1]], w) for w in ws]
+            t = rounds(fns, reps, one_thread=True)
+            n = sum(w.shape[0] * w.shape[1] for w in ws)
+            cells = [f"{B * n / t[B] / 1e9:>8.1f} {t[1] * B / t[B]:>6.2f}" for B in sizes]
+            print(f"{name:<6} {x_type:<4} " + " ".join(cells), flush=True)
     simd.close()
 
 

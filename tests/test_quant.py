@@ -9,12 +9,14 @@ rounding: the error of each output, relative to sum(|w| |x|) over its row, stays
 1e-7 x sqrt(cols) (float32's unit roundoff is 6e-8; summation order differs, as in BLAS).
 Dequantised weights (embedding, prefill tiles) are equal to the reference bit for bit.
 
-Decode matvecs of Q4_K and Q6_K weights may take int8 activations (qdot.py; the backends'
-int8_activations): ggml's Q8_K row, scale dx per 256 values, plus for weights whose inputs
-carry outliers (outlier_inputs: down_proj) a second int8 row for its remainder, scale dr. Such a matvec is pinned twice: to the reference run on the dequantised
-activations, within float32 rounding as above; and to the reference on the float32 activations
-within what rounding them may cost, sum over the row of |w_i| d / 2 (each activation moves by
-at most half a step of the last row's scale d).
+Products of Q4_K and Q6_K weights with one or a few activation rows may take int8 activations
+(qdot.py; the backends' int8_activations): per row ggml's Q8_K, scale dx per 256 values (a
+row's last unit may be shorter), plus for weights whose inputs carry outliers (outlier_inputs:
+o_proj, down_proj) a second int8 row for its remainder, scale dr. Such a product is pinned
+twice: to the reference run on the dequantised activations, within float32 rounding as above;
+and to the reference on the float32 activations within what rounding them may cost, sum over
+the row of |w_i| d_i / 2 (each activation moves by at most half a step of its unit's last
+scale d).
 """
 
 from __future__ import annotations
@@ -67,32 +69,34 @@ def assert_rounding_close(got, x, w: QuantTensor):
 
 
 def int8_activations(x, two: bool):
-    """x [1, cols] as the int8 kernels see it: (the dequantised rows, dx * x8 [+ dr * r8], [1,
-    cols]; the last row's scale per 256, which bounds what is left)."""
-    x8, r8, dx, dr, _ = qdot.quantize(x[0], two)
-    deq = x8.reshape(-1, 256) * dx[:, None].astype(np.float64)
+    """x [B, cols] as the int8 kernels see it: (the dequantised rows, dx * x8 [+ dr * r8], [B,
+    cols]; the last row's scale of each value's unit of 256, which bounds what is left, [B,
+    cols])."""
+    x8, r8, dx, dr, _ = qdot.quantize(x, two)
+    unit = np.arange(x.shape[1]) // 256  # each value's unit (a row's last may be shorter)
+    deq = x8 * dx[:, unit].astype(np.float64)
     if two:
-        deq += r8.reshape(-1, 256) * dr[:, None].astype(np.float64)
-    return deq.reshape(1, -1), (dr if two else dx)
+        deq += r8 * dr[:, unit].astype(np.float64)
+    return deq, (dr if two else dx)[:, unit]
 
 
 def assert_int8_close(got, x, w: QuantTensor, two: bool):
-    """got is x @ w.T computed from int8 activations (one row, or two): within float32 rounding
-    of the reference on those, and within their rounding of the reference on x (see the module
-    docstring)."""
-    xq, dr = int8_activations(x, two)
+    """got is x @ w.T computed from int8 activations (one row each, or two): within float32
+    rounding of the reference on those, and within their rounding of the reference on x (see
+    the module docstring)."""
+    xq, step = int8_activations(x, two)
     assert_rounding_close(got, xq, w)
-    dq = np.abs(w.dequantize().astype(np.float64))  # [rows, cols]
-    bound = (dq.reshape(w.shape[0], -1, 256).sum(axis=2) * dr).sum(axis=1) / 2  # [rows]
-    err = np.abs(got[0] - x[0].astype(np.float64) @ w.dequantize().astype(np.float64).T)
-    slack = 1e-7 * np.sqrt(w.shape[1]) * (dq @ np.abs(x[0].astype(np.float64)))  # float rounding
+    dq = w.dequantize().astype(np.float64)  # [rows, cols]
+    bound = step @ np.abs(dq).T / 2  # [B, rows]: sum_i |w_i| d_i / 2
+    err = np.abs(got - x.astype(np.float64) @ dq.T)
+    slack = 1e-7 * np.sqrt(w.shape[1]) * (np.abs(x.astype(np.float64)) @ np.abs(dq).T)  # float rounding
     assert (err <= bound + slack).all(), f"max error {(err / bound).max():.3g} x sum|w| d / 2"
 
 
 def assert_matches(ops, got, x, w: QuantTensor):
     """got == x @ w.T as the kernel that ran promises: float32 rounding, or int8 activations'."""
     mode = ops._int8_mode(w)
-    if mode and x.shape[0] == 1 and Q.int_dot(Q.KINDS[w.qtype.name]):
+    if mode and x.shape[0] <= Q.FEW_MAX and Q.int_dot(Q.KINDS[w.qtype.name]):
         assert_int8_close(got, x, w, mode == 2)
     else:
         assert_rounding_close(got, x, w)
@@ -112,24 +116,48 @@ def test_linear_matches_dequantised_matmul(ops, name, rows, blocks, batch):
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("mode", [0, 1, 2])
 @pytest.mark.parametrize("rows,blocks", [(1, 1), (7, 2), (33, 5)])
-def test_decode_with_and_without_int8_activations(ops, name, mode, rows, blocks, monkeypatch):
-    """The decode kernels of the K-quants: float32 activations (exact), one int8 row and two
-    (where x86 has no AVX2 they compile to plain LLVM vector arithmetic: correct, if slow).
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 7])
+def test_decode_with_and_without_int8_activations(ops, name, mode, rows, blocks, batch, monkeypatch):
+    """The decode and few-row kernels of the K-quants: float32 activations (exact), one int8
+    row and two, for one activation row and for a few (every pass of four, two and one; where
+    x86 has no AVX2 they compile to plain LLVM vector arithmetic: correct, if slow).
     Activations of every scale, a zero run and a lone spike."""
     monkeypatch.setattr(ops, "int8_activations", mode > 0)
     w = random_blocks(name, rows, width(name, blocks), seed=rows + blocks, readonly=True)
     w.outlier_inputs = mode == 2  # a remainder row too
     rng = np.random.default_rng(rows)
-    x = rng.standard_normal((1, w.shape[1]), dtype=np.float32)
-    x *= rng.choice([1e-6, 1.0, 1e4], (1, w.shape[1] // 256)).repeat(256, axis=1).astype(np.float32)
+    x = rng.standard_normal((batch, w.shape[1]), dtype=np.float32)
+    x *= rng.choice([1e-6, 1.0, 1e4], (batch, w.shape[1] // 256)).repeat(256, axis=1).astype(np.float32)
     x[0, :256] = 0.0  # dx = 0: every qx 0
     if blocks > 1:
-        x[0, 300] = 1e3  # one value sets the scale of its 256
+        x[-1, 300] = 1e3  # one value sets the scale of its 256
     got = ops.linear(x, ops.weight(w))
     if mode:
         assert_int8_close(got, x, w, mode == 2)
     else:
         assert_rounding_close(got, x, w)
+
+
+@pytest.mark.parametrize("two", [False, True])
+@pytest.mark.parametrize("cols", [256, 576, 2048])
+def test_int8_activation_rows(two, cols):
+    """qdot.quantize: each row's units of 256 (the last of 576 is 64), scale max|x| / 127 per
+    unit, every value within half a step of the last row's scale, the sums per 16 those of the
+    dequantised values; a zero unit gets scale 0."""
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((3, cols)) * 10.0 ** rng.integers(-3, 4, (3, 1))).astype(np.float32)
+    x[1, :256] = 0.0
+    x8, r8, dx, dr, s16 = qdot.quantize(x, two)
+    units = -(-cols // 256)
+    assert x8.shape == (3, cols) and dx.shape == (3, units) and s16.shape == (3, cols // 16)
+    assert (r8.shape, dr.shape) == (((3, cols), (3, units)) if two else ((0, cols), (0, units)))
+    for u in range(units):
+        amax = np.abs(x[:, 256 * u:256 * (u + 1)]).max(axis=1)
+        assert np.allclose(dx[:, u], amax / 127, rtol=1e-6)
+    assert dx[1, 0] == 0 and not x8[1, :256].any()
+    deq, step = int8_activations(x, two)
+    assert (np.abs(deq - x) <= step / 2 * (1 + 1e-6) + 1e-30).all()
+    assert np.allclose(s16, deq.reshape(3, -1, 16).sum(axis=2), rtol=1e-5, atol=1e-30)
 
 
 @pytest.mark.parametrize("name", TYPES)

@@ -120,6 +120,19 @@ def vsum(typingctx, v):
     return types.float32(f32x16), codegen
 
 
+@intrinsic
+def vpairs_hi(typingctx, v):
+    """Lanes 8 + g = v[2g] + v[2g + 1] (g < 8), lanes 0-7 zero: sums per 16 as sums per 32, in
+    the lanes that hold a Q4_K super-block's mins (vkscales)."""
+    def codegen(context, builder, sig, args):
+        zero = ir.Constant(_VF, [0.0] * LANES)
+        pick = lambda first: ir.Constant(ir.VectorType(_I32, LANES), [LANES] * 8 + list(range(first, LANES, 2)))  # noqa: E731
+        even = builder.shuffle_vector(args[0], zero, pick(0))
+        odd = builder.shuffle_vector(args[0], zero, pick(1))
+        return builder.fadd(even, odd, flags=_FAST)
+    return f32x16(f32x16), codegen
+
+
 # -- float32 arrays --------------------------------------------------------------------------------
 @intrinsic
 def vload(typingctx, arr, idx):

@@ -14,7 +14,8 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   to two int8 rows once per call and multiplied in integers instead (qdot.py: ~2x the weights
   per second);
 - a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
-  row decoded once for up to four activation rows;
+  row decoded once for up to four activation rows; Q4_K and Q6_K, as above, in integers
+  (qdot.k_few);
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
 - embedding (`embed_rows`): whole rows dequantised.
 
@@ -142,18 +143,18 @@ def group_sums(x, xs):
 # -- decode and a few activation rows ------------------------------------------------------------------
 @jit
 def int_dot(kind):
-    """Whether the decode matvec of this kind can take int8 activations (qdot.py)."""
+    """Whether this kind's products can take int8 activations (qdot.py)."""
     return kind == Q4_K or kind == Q6_K
 
 
 @jit
 def activations(x, xs, mode):
-    """What the row kernels take besides x: its group sums into xs, and for mode 1 or 2 x's one
-    row as one or two int8 rows (qdot.quantize; mode 0: qdot.empty(), the kernels keep
+    """What the row kernels take besides x: its group sums into xs, and for mode 1 or 2 x's rows
+    as one or two int8 rows each (qdot.quantize; mode 0: qdot.empty(), the kernels keep
     float32)."""
     group_sums(x, xs)
     if mode > 0:
-        return qdot.quantize(x[0], mode == 2)
+        return qdot.quantize(x, mode == 2)
     return qdot.empty()
 
 
@@ -192,11 +193,16 @@ def rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
 
 @jit
 def _rows(kind, w, x, xs, xq, out, col, r0, r1):
-    if x.shape[0] == 1 and xq[0].shape[0] > 0 and kind == Q4_K:
+    one, quantized = x.shape[0] == 1, xq[0].shape[0] > 0
+    if quantized and kind == Q4_K and one:
         qdot.k_rows(Q4_K_BYTES, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
-    elif x.shape[0] == 1 and xq[0].shape[0] > 0 and kind == Q6_K:
+    elif quantized and kind == Q4_K:
+        qdot.k_few(Q4_K_BYTES, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
+    elif quantized and kind == Q6_K and one:
         qdot.k_rows(Q6_K_BYTES, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
-    elif x.shape[0] == 1:
+    elif quantized and kind == Q6_K:
+        qdot.k_few(Q6_K_BYTES, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
+    elif one:
         matvec_rows(kind, w, x, xs, out[0, col:], r0, r1)
     else:
         few_rows(kind, w, x, xs, out[:, col:], r0, r1)
@@ -385,14 +391,15 @@ def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
 @jit
 def linear(kind, w, x, out, tile, mode):
     """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B; a decode matvec of a kind
-    that can (int_dot) takes one or two int8 rows for mode 1 or 2 (`activations`)."""
+    or a few, of a kind that can (int_dot) takes one or two int8 rows each for mode 1 or 2
+    (`activations`)."""
     B, rows = x.shape[0], w.shape[0]
     if B > FEW_MAX:
         scratch = np.empty(tile * x.shape[1] + B * tile, np.float32)
         prefill_rows(kind, w, x, out, 0, rows, tile, scratch)
         return
     xs = np.empty((B, x.shape[1] // 32), np.float32)
-    xq = activations(x, xs, mode if B == 1 and int_dot(kind) else 0)
+    xq = activations(x, xs, mode if int_dot(kind) else 0)
     rows_kernel(kind, w, x, xs, xq, out, 0, 0, rows)
 
 
@@ -418,7 +425,7 @@ def linear_par(kind, w, x, out, tile, chunks, mode):
             prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch[c])
         return
     xs = np.empty((B, n // 32), np.float32)
-    xq = activations(x, xs, mode if B == 1 and int_dot(kind) else 0)
+    xq = activations(x, xs, mode if int_dot(kind) else 0)
     for c in nb.prange(chunks):
         rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, 2), chunk_start(rows, c + 1, chunks, 2))
 
@@ -434,7 +441,7 @@ def linear_many_par(kinds, ws, x, out, chunks, mode):
     any_int = False
     for k in range(len(kinds)):
         any_int = any_int or int_dot(kinds[k])
-    xq = activations(x, xs, mode if B == 1 and any_int else 0)
+    xq = activations(x, xs, mode if any_int else 0)
     total = out.shape[1]
     for c in nb.prange(chunks):
         lo, hi = chunk_start(total, c, chunks, 2), chunk_start(total, c + 1, chunks, 2)
