@@ -117,6 +117,11 @@ def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, he
     return out
 
 
+MANY = 3  # weights per linear_many launch: q/k/v; gate/up are padded with _NO_ROWS
+_NO_ROWS = np.empty((0, 0), np.uint8)
+_NO_ROWS.flags.writeable = False
+
+
 class PoolBackend(SimdBackend):
     name = "pool"
     # Below these sizes a launch costs more than it saves, and the op runs on the calling thread
@@ -194,6 +199,11 @@ class PoolBackend(SimdBackend):
         if total * x.size < self.parallel_min_elements:
             return [self.linear(x, w) for w in ws]
         out = np.empty((rows, total), dtype=np.float32)  # [rows, sum of outs]
+        # Always three weights (gate/up gets a weight of no rows): one compiled signature, so
+        # one cached kernel to load at start-up, not two (~24 ms of the load line each).
+        while len(kinds) < MANY:
+            kinds.append(kinds[0])
+            datas.append(_NO_ROWS)
         self._launch(Q.linear_many_par, tuple(kinds), tuple(datas), x, out, self.threads,
                      max(self._int8_mode(w) for w in ws))
         views, start = [], 0
