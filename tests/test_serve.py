@@ -82,6 +82,14 @@ def slow_steps(engine, monkeypatch):
     monkeypatch.setattr(engine.model, "step", lambda *a, **k: (time.sleep(0.005), step(*a, **k))[1])
 
 
+@pytest.fixture
+def slower_steps(engine, monkeypatch):
+    """Each model step waits 20 ms: a 200-token stream lasts 4 s, long after a client thread
+    that the batch and server threads keep from the GIL has read its first chunk."""
+    step = engine.model.step
+    monkeypatch.setattr(engine.model, "step", lambda *a, **k: (time.sleep(0.02), step(*a, **k))[1])
+
+
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a city."}]
 
 
@@ -209,7 +217,7 @@ def test_other_http_errors(server):
     assert [m["id"] for m in models["data"]] == [MODEL]
 
 
-def test_client_disconnect_frees_the_slot(server, client, engine, slow_steps):
+def test_client_disconnect_frees_the_slot(server, client, engine, slower_steps):
     url, state = server
     batch = state.batch
     # EOS banned: a random model that sampled it early would end the stream before the check
@@ -218,9 +226,10 @@ def test_client_disconnect_frees_the_slot(server, client, engine, slow_steps):
                       json={"model": MODEL, "messages": MESSAGES, "max_tokens": 200, "stream": True,
                             "logit_bias": no_eos}) as r:
         lines = r.iter_lines()
-        while "content" not in next(lines):
-            pass
-        assert batch.stats()["slots_used"] == 1
+        line = next(lines)
+        while "content" not in line:
+            line = next(lines)
+        assert batch.stats()["slots_used"] == 1, (line, batch.stats(), batch.steps)
     tokens = batch.metrics.generated_tokens
     with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
         httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "max_tokens": 200,
