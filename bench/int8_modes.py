@@ -5,7 +5,8 @@ interleaved in one process (so a noisy host moves them all alike):
 
 float32; one int8 row everywhere (ggml's Q8_K); the default (a remainder row for the weights the
 decoder marks outlier_inputs: o_proj, down_proj); two rows everywhere. Each round decodes -n
-tokens after a 4-token prompt; the table holds medians over rounds.
+tokens after a 4-token prompt, and prefills a -p-token prompt into an empty cache (int8 rows go
+through Q4_K/Q6_K's prefill too); the table holds medians over rounds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> None:
     p.add_argument("model")
     p.add_argument("-r", "--rounds", type=int, default=3)
     p.add_argument("-n", "--tokens", type=int, default=32)
+    p.add_argument("-p", "--prompt", type=int, default=512, help="prefill tokens (0: none)")
     args = p.parse_args()
     engine = inferno.load(args.model, backend="pool", progress=False)
     model, ops = engine.model, engine.ops
@@ -48,15 +50,27 @@ def main() -> None:
             ops.to_numpy(model.forward([7], cache, last_only=True))
         return args.tokens / (time.perf_counter() - t0)
 
+    def prefill() -> float:
+        cache = model.new_cache(args.prompt)
+        t0 = time.perf_counter()
+        ops.to_numpy(model.forward(np.arange(args.prompt) % 1000, cache, last_only=True))
+        return args.prompt / (time.perf_counter() - t0)
+
     runs = {mode: [] for mode in MODES}
+    fills = {mode: [] for mode in MODES}
     for _ in range(args.rounds):
         for mode in MODES:
             use(mode)
             runs[mode].append(decode())
+            if args.prompt:
+                fills[mode].append(prefill())
     base = np.median(runs["float32"])
-    print("| activations | tokens/s | vs float32 |\n| --- | ---: | ---: |")
+    pbase = np.median(fills["float32"]) if args.prompt else float("nan")
+    print(f"| activations | tg{args.tokens} tokens/s | vs float32 | pp{args.prompt} tokens/s | vs float32 |\n"
+          "| --- | ---: | ---: | ---: | ---: |")
     for mode in MODES:
-        print(f"| {mode} | {np.median(runs[mode]):.2f} | {np.median(runs[mode]) / base:.2f}x |")
+        pp = np.median(fills[mode]) if args.prompt else float("nan")
+        print(f"| {mode} | {np.median(runs[mode]):.2f} | {np.median(runs[mode]) / base:.2f}x | {pp:.1f} | {pp / pbase:.2f}x |")
     engine.close()
 
 
