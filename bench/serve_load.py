@@ -19,7 +19,9 @@ generates exactly --max-tokens tokens. Scenarios:
          inter-token latency with the event loop busy streaming to the clients.
 Per run: aggregate generated tok/s (all tokens / wall time, prefill included), aggregate decode
 tok/s (tokens after each stream's first / the time some stream was between its first token and
-its last), TTFT p50/p99, inter-token latency
+its last: the other prompts' prefill steps fall inside it), "all decoding" tok/s (tokens in the
+window where every stream was decoding and no prompt was left to prefill, over that window:
+the batched decode step as the clients see it), TTFT p50/p99, inter-token latency
 p50/p99 (gaps between a stream's chunks), errors.
 """
 
@@ -69,7 +71,8 @@ class Run:
         ttft = [s.ttft for s in ok if s.ttft is not None]
         gaps = [g for s in ok for g in s.gaps]
         pct = lambda xs, q: np.percentile(xs, q) * 1e3 if xs else float("nan")  # noqa: E731
-        return (f"{self.label:<34} {tokens / self.wall:8.1f} tok/s  decode {self.decode_tok_s:7.1f} tok/s  TTFT p50 {pct(ttft, 50):7.0f} ms "
+        return (f"{self.label:<34} {tokens / self.wall:8.1f} tok/s  decode {self.decode_tok_s:7.1f} tok/s  "
+                f"all decoding {self.steady_tok_s:7.1f} tok/s  TTFT p50 {pct(ttft, 50):7.0f} ms "
                 f"p99 {pct(ttft, 99):7.0f} ms  ITL p50 {pct(gaps, 50):6.1f} ms p99 {pct(gaps, 99):7.1f} ms  "
                 f"errors {len(self.streams) - len(ok)}")
 
@@ -84,6 +87,20 @@ class Run:
             busy += max(0.0, b - max(a, end))
             end = max(end, b)
         return sum(len(s.gaps) for s in self.streams if s.error is None) / busy if busy else float("nan")
+
+    @property
+    def steady_tok_s(self) -> float:
+        """Tokens per second while every stream was decoding: from the last stream's first token
+        to the first stream's last, no prompt being prefilled in between (all of them are in),
+        so this is the batched decode step's rate as the clients see it."""
+        ok = [s for s in self.streams if s.error is None and s.gaps]
+        if len(ok) < 2:
+            return float("nan")
+        start, end = max(s.first for s in ok), min(s.last for s in ok)
+        if end <= start:
+            return float("nan")
+        times = np.concatenate([s.first + np.cumsum([0.0] + s.gaps) for s in ok])
+        return float(((times > start) & (times <= end)).sum() / (end - start))
 
     @property
     def tok_s(self) -> float:
@@ -238,7 +255,8 @@ def scenario_load(args, bias):
     print(solo.line())
     print(many.line())
     print(f"{'':<34} {many.tok_s / solo.tok_s:8.2f}x one stream alone, "
-          f"decode {many.decode_tok_s / solo.decode_tok_s:.2f}x")
+          f"decode {many.decode_tok_s / solo.decode_tok_s:.2f}x, "
+          f"all decoding {many.steady_tok_s / solo.decode_tok_s:.2f}x its decode rate")
     if args.peer:
         port = free_port()
         with server(llama_cmd(args, port), port=port) as (url, _):

@@ -117,6 +117,31 @@ def test_write_and_read_round_trip(cpu_ops, cache_type):
         assert np.array_equal(got, x)
 
 
+@pytest.mark.parametrize("cache_type", CACHE_TYPES)
+def test_write_kv_rows_scatters_like_write_kv(cpu_ops, cache_type):
+    """A batched step's rows, one per sequence, into their own slots and positions in one call:
+    the same bytes as one write_kv per row; the rest of the buffer untouched."""
+    x = np.concatenate([hard_rows(), rand(3, 96, seed=5)])[:6]
+    slots, positions = np.array([2, 0, 1, 3, 2, 0]), np.array([5, 0, 39, 7, 6, 1])
+    got, want = cpu_ops.kv_buffer(4, 40, 96, cache_type), cpu_ops.kv_buffer(4, 40, 96, cache_type)
+    with np.errstate(over="ignore"):
+        cpu_ops.write_kv_rows(got, slots, positions, x)
+        for i in range(len(x)):
+            REF.write_kv(want, int(slots[i]), int(positions[i]), x[i:i + 1])
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_write_kv_rows_on_torch():
+    from inferno.backends.torch_backend import TorchBackend
+    ops = TorchBackend(device="cpu")
+    buf = ops.kv_buffer(3, 8, 64, "f16")
+    x = rand(2, 64, seed=6)
+    ops.write_kv_rows(buf, [2, 0], [7, 3], ops.from_numpy(x))
+    back = ops.to_numpy(ops.read_kv(buf, 2, 7, 8)), ops.to_numpy(ops.read_kv(buf, 0, 3, 4))
+    assert np.array_equal(np.concatenate(back), x.astype(np.float16).astype(np.float32))
+    assert int((buf != 0).sum()) == 2 * 64
+
+
 def test_defaults():
     assert REF.default_cache_type == "f32"  # the reference
     assert SimdBackend.default_cache_type == PoolBackend.default_cache_type == "f16"  # llama.cpp's
@@ -143,6 +168,13 @@ def test_kernels_refuse_rows_outside_the_buffer(backend):
         ops.write_kv(buf, 0, 0, rand(1, 96))
     with pytest.raises(ValueError, match="outside"):
         ops.read_kv(buf, 0, 3, 9)
+    for slots, positions in [([0, 2], [0, 0]), ([0, 1], [8, 0]), ([0, 1], [0, -1])]:
+        with pytest.raises(ValueError, match="outside"):
+            ops.write_kv_rows(buf, slots, positions, rand(2, 64))
+    with pytest.raises(ValueError, match="2 rows need 2 slots"):
+        ops.write_kv_rows(buf, [0], [0, 1], rand(2, 64))
+    with pytest.raises(ValueError, match="features"):
+        ops.write_kv_rows(buf, [0], [0], rand(1, 96))
     ops.close()
 
 

@@ -31,7 +31,7 @@ OPS = (
     "embedding", "linear", "linear_many", "matmul", "rms_norm", "rope_tables", "apply_rope",
     "silu_mul", "gelu_mul", "add", "softmax_rows", "scale", "transpose_2d",
     "fill_strict_upper_tri", "copy_2d_from_cols", "copy_2d_into_cols", "rows", "take_rows", "write_rows",
-    "write_kv", "read_kv", "flash_attention_prefill", "materialized_attention",
+    "write_kv", "write_kv_rows", "read_kv", "flash_attention_prefill", "materialized_attention",
     "decode_attention",
 )
 
@@ -198,6 +198,12 @@ class Backend:
         """buf[slot, start:start + len(rows)] = rows (float32 [n, width]), converted to the
         buffer's cache type, in place."""
         buf[slot, start:start + rows.shape[0]] = cache_types.encode(rows, cache_types.cache_type_of(buf))
+
+    def write_kv_rows(self, buf, slots, positions, rows) -> None:
+        """Row i of rows (float32 [n, width]) into buf[slots[i], positions[i]]: a batched decode
+        step's new K or V, one row per sequence, in one call rather than one per sequence."""
+        for i in range(rows.shape[0]):
+            self.write_kv(buf, int(slots[i]), int(positions[i]), rows[i:i + 1])
 
     def read_kv(self, buf, slot: int, start: int, stop: int):
         """Positions start..stop of one slot as float32 [stop - start, width] (a chunk's prefill

@@ -90,6 +90,19 @@ def write_rows(rows, raw, kind, slot, start):
             quantize_q8_0(x.reshape(1, -1), dst.reshape(1, -1), 0, 1)
 
 
+@exact
+def write_scattered(rows, raw, kind, slots, positions):
+    """Row i of float32 rows [n, width] into position positions[i] of slot slots[i]; returns
+    -1, or, writing nothing, the first i whose slot or position lies outside raw (checked here:
+    a few compares, where numpy's reductions cost the caller microseconds a call)."""
+    for i in range(rows.shape[0]):
+        if not (0 <= slots[i] < raw.shape[0] and 0 <= positions[i] < raw.shape[1]):
+            return i
+    for i in range(rows.shape[0]):
+        write_rows(rows[i:i + 1], raw, kind, slots[i], positions[i])
+    return -1
+
+
 # -- reads ----------------------------------------------------------------------------------------
 @jit
 def load_rows(raw, kind, slot, start, n, col, width, dst):

@@ -187,6 +187,19 @@ class SimdBackend(Backend):
         check_rows(buf, slot, start, start + rows.shape[0], rows.shape[1])
         KV.write_rows(contiguous(rows), buf.view(np.uint8), kind_of(buf), int(slot), int(start))
 
+    def write_kv_rows(self, buf, slots, positions, rows) -> None:
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        n, width = rows.shape
+        if slots.shape != (n,) or positions.shape != (n,):
+            raise ValueError(f"{n} rows need {n} slots and positions, got {slots.shape} and {positions.shape}")
+        if width != cache_types.width_of(buf):
+            raise ValueError(f"rows of {width} features do not fit a cache of {cache_types.width_of(buf)}")
+        bad = KV.write_scattered(contiguous(rows), buf.view(np.uint8), kind_of(buf), slots, positions)
+        if bad >= 0:
+            raise ValueError(f"slot {slots[bad]}, position {positions[bad]} is outside the cache "
+                             f"({buf.shape[0]} slots of {buf.shape[1]} positions)")
+
     def read_kv(self, buf, slot: int, start: int, stop: int):
         check_rows(buf, slot, start, stop)
         out = np.empty((stop - start, cache_types.width_of(buf)), np.float32)  # [stop - start, width]

@@ -221,6 +221,11 @@ class TorchBackend(Backend):
     def write_kv(self, buf, slot: int, start: int, rows) -> None:
         buf[slot, start:start + rows.shape[0]].copy_(rows)  # converts to the cache's dtype
 
+    def write_kv_rows(self, buf, slots, positions, rows) -> None:
+        index = (torch.as_tensor(np.asarray(slots), device=buf.device),
+                 torch.as_tensor(np.asarray(positions), device=buf.device))
+        buf.index_put_(index, rows.to(buf.dtype))
+
     def read_kv(self, buf, slot: int, start: int, stop: int):
         return buf[slot, start:stop].to(self.dtype)  # a view when the cache has the activations' dtype
 

@@ -215,7 +215,11 @@ class DecoderModel:
             return ops.linear(ctx, layer.o_proj)
 
         r = batch.row0
-        for j, s in enumerate(batch.segments):
+        if batch.n_decode:  # one row per decoding sequence, each into its own slot, in one call
+            ops.write_kv_rows(cache.k[i], batch.slots, batch.kv_lens - 1, ops.rows(k, 0, batch.n_decode))
+            ops.write_kv_rows(cache.v[i], batch.slots, batch.kv_lens - 1, ops.rows(v, 0, batch.n_decode))
+        for j in range(batch.n_decode, len(batch.segments)):
+            s = batch.segments[j]
             ops.write_kv(cache.k[i], s.slot, s.start, ops.rows(k, r[j], r[j + 1]))
             ops.write_kv(cache.v[i], s.slot, s.start, ops.rows(v, r[j], r[j + 1]))
         parts = []  # (first row, [rows, nh * hd]) per attention call
