@@ -96,8 +96,7 @@ def assert_int8_close(got, x, w: QuantTensor, two: bool):
 def assert_matches(ops, got, x, w: QuantTensor):
     """got == x @ w.T as the kernel that ran promises: float32 rounding, or int8 activations'."""
     mode = ops._int8_mode(w)
-    # int8 rows: a few in either mode; more (prefill) with one row only (qkernels.linear)
-    if mode and Q.int_dot(Q.KINDS[w.qtype.name]) and (x.shape[0] <= Q.FEW_MAX or mode == 1):
+    if mode and Q.int_dot(Q.KINDS[w.qtype.name]):
         assert_int8_close(got, x, w, mode == 2)
     else:
         assert_rounding_close(got, x, w)
@@ -161,13 +160,31 @@ def test_int8_activation_rows(two, cols):
     assert np.allclose(s16, deq.reshape(3, -1, 16).sum(axis=2), rtol=1e-5, atol=1e-30)
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("outliers", [False, True])
+def test_int8_rows_do_not_depend_on_their_batch(ops, name, outliers, monkeypatch):
+    """With int8 activations a row's product is the same alone (decode), among a few (a batched
+    step) and among many (a prefill), up to float32 rounding: every row is quantized on its
+    own and multiplied the same way, so a sequence's logits do not depend on how its tokens
+    were grouped into steps."""
+    monkeypatch.setattr(ops, "int8_activations", True)
+    w = random_blocks(name, 37, width(name, 3), seed=2, readonly=True)
+    w.outlier_inputs = outliers
+    kept = ops.weight(w)
+    x = np.random.default_rng(5).standard_normal((40, w.shape[1]), dtype=np.float32)
+    alone = np.concatenate([ops.linear(x[b:b + 1], kept) for b in range(len(x))])
+    scale = np.abs(x) @ np.abs(w.dequantize()).T
+    for batch in (2, 5, 16, 40):
+        got = ops.linear(x[:batch], kept)
+        assert (np.abs(got - alone[:batch]) <= 1e-6 * scale[:batch]).all(), batch
+
+
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("int8,outliers", [(False, False), (True, False), (True, True)])
 def test_prefill_tiles_and_partial_tiles(ops, name, int8, outliers, monkeypatch):
     """Many activation rows: dequantised tiles into sgemm, with a last tile that is short; or,
-    for Q4_K and Q6_K with one int8 row per activation row, their integer kernel over every
-    row (a weight with outlier_inputs, whose remainder row would double that, keeps the
-    tiles)."""
+    for Q4_K and Q6_K with int8 activations, their integer kernel over every row, with the
+    remainder row for a weight whose inputs carry outliers."""
     from inferno.backends import pool, simd
     monkeypatch.setattr(ops, "int8_activations", int8)
     monkeypatch.setattr(simd, "prefill_tile", lambda cols: 16)

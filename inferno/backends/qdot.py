@@ -33,8 +33,15 @@ row's super-blocks meet four activation rows per pass, unpacked once for all fou
 Where this does not pay: the legacy kinds (Q4_0..Q8_0) have a float16 scale per 32 weights, so
 each group's int32 lanes would need a conversion and a float multiply-add of their own. Written
 that way (dpbusd, cvt, fma per group and activation row) it ran no faster than their float32
-kernels here (Zen 4: Q4_1 one row 29 against 34 Gw/s on one core; eight rows 44 against 41-50):
-the float path is as bound by its multiply-adds as that one, and they stay float32.
+kernels here (Zen 4: Q4_1 one row 29 against 34 Gw/s on one core; eight rows 44 against 41-50).
+Transposing eight weight rows by quads into the int32 lanes, so that one conversion serves eight
+rows' blocks, beat float32 from eight activation rows on (Q4_1 1.7x at 8, 0.56x at 1: packing
+the transposed blocks decides small batches), which would make a sequence's logits depend on
+its batch (bench/RESULTS.md, 2026-12-01). They stay float32.
+
+Every row is quantized on its own and multiplied the same way alone, in a batch or in a prefill
+(qkernels.linear takes this path for any number of rows), so a row's result does not depend on
+the rows beside it beyond float32 rounding.
 """
 
 from __future__ import annotations

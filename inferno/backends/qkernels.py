@@ -17,11 +17,14 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   row decoded once for up to four activation rows; Q4_K and Q6_K, as above, in integers
   (qdot.k_few);
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
-  Q4_K and Q6_K with one int8 row per activation row take every row through qdot.k_few
-  instead (1.4-1.5x sgemm's rate on dequantised tiles here: 512 rows of a 4096-wide Q4_K on
-  one core, 127 -> 180 GFLOP/s); with the remainder row too (o_proj, down_proj) the integer
-  kernel does twice the products and lost to the tiles (Qwen3-1.7B-shape pp512 with two rows
-  everywhere: 0.84x float32), so those stay float32, exact;
+  Q4_K and Q6_K with int8 activations take every row through qdot.k_few instead (1.4-1.5x
+  sgemm's rate on dequantised tiles here: 512 rows of a 4096-wide Q4_K on one core, 127 ->
+  180 GFLOP/s; with the remainder row, on o_proj and down_proj, it does twice the products
+  and about ties with the tiles). Decode, a batch and a prefill then compute a row the same
+  way: a sequence's logits do not depend on how its tokens were grouped into steps (a chat
+  turn prefilled after a reused cache, a server step shared with others) beyond float32
+  rounding. Keeping o_proj and down_proj on float32 tiles in prefill gained 4% of pp512 on
+  the Qwen3-1.7B shape, and lost that;
 - embedding (`embed_rows`): whole rows dequantised.
 
 Exactness: a group's products s * q are exact in float32 (an 11-bit half times integers of at
@@ -396,10 +399,10 @@ def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
 @jit
 def linear(kind, w, x, out, tile, mode):
     """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B; x's rows times a kind that
-    can (int_dot) take one or two int8 rows each for mode 1 or 2 (`activations`): a few rows
-    in either mode, more (prefill) in mode 1 only."""
+    can (int_dot) take one or two int8 rows each for mode 1 or 2 (`activations`), however
+    many."""
     B, rows = x.shape[0], w.shape[0]
-    if B > FEW_MAX and not (mode == 1 and int_dot(kind)):
+    if B > FEW_MAX and not (mode > 0 and int_dot(kind)):
         scratch = np.empty(tile * x.shape[1] + B * tile, np.float32)
         prefill_rows(kind, w, x, out, 0, rows, tile, scratch)
         return
@@ -422,7 +425,7 @@ def chunk_start(n, c, chunks, align):
 def linear_par(kind, w, x, out, tile, chunks, mode):
     """`linear`, its rows split into `chunks` ranges, each on a thread of the team."""
     B, rows, n = x.shape[0], w.shape[0], x.shape[1]
-    if B > FEW_MAX and not (mode == 1 and int_dot(kind)):
+    if B > FEW_MAX and not (mode > 0 and int_dot(kind)):
         tiles = (rows + tile - 1) // tile
         scratch = np.empty((chunks, tile * n + B * tile), np.float32)  # one per thread
         for c in nb.prange(chunks):
