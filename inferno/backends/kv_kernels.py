@@ -18,7 +18,8 @@ converted in registers (vcvtph2ps for f16) as the dot products take it, never co
 kernel before this one converted tiles of whole rows into float32 scratch, which every query head
 then read back from L2; with one FMA chain per key it waited on FMA latency as well. Qwen3-1.7B's
 heads (16 over 8, head dim 128), 4000 cached f16 tokens, 28 layers, pool on 2 threads: 26.4 ms
-a step that way, 15.3 ms this way (bench/attention.py --mode decode --shape qwen3-1.7b).
+a step that way, 15.3-15.8 ms this way (bench/attention.py --mode decode --shape qwen3-1.7b).
+Software prefetch of the next tile, or of the next job's first, measured no gain: not done.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from numba.extending import intrinsic
 from inferno.backends.base import CACHE_TYPES
 from inferno.backends.cache_types import Q8_0_BYTES, QK8_0
 from inferno.backends.kernels import FAST, exp_into, jit
-from inferno.backends.lanes import f16at, f16bits, prefetch, vadd, vbf16, vf16, vfma, vi8, vload, vmul, vsplat, vstore, vsum, vzero
+from inferno.backends.lanes import f16at, f16bits, vadd, vbf16, vf16, vfma, vi8, vload, vmul, vsplat, vstore, vsum, vzero
 from inferno.backends.qkernels import quantize_q8_0
 
 F32, F16, BF16, Q8_0 = (CACHE_TYPES.index(t) for t in ("f32", "f16", "bf16", "q8_0"))
@@ -334,7 +335,7 @@ def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads
     lo = first + split * size
     hi = min(lo + size, kv_len)
     group, hd = n_heads // n_kv_heads, head_dim
-    chunks, hb = hd // 16, head_bytes(kind, hd)
+    hb = head_bytes(kind, hd)
     kf, vf = k_raw.reshape(-1), v_raw.reshape(-1)
     rb = k_raw.shape[2]  # bytes per cached row
     row0 = (slots[b] * k_raw.shape[1]) * rb  # the slot's first row
@@ -352,13 +353,6 @@ def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads
     for t0 in range(lo, hi, rows):
         n = min(rows, hi - t0)
         base = row0 + t0 * rb
-        # The next tile's K and V rows, a cache line at a time: the heads below walk one KV
-        # head's slice of each row (a stride of rb bytes), which the hardware prefetchers follow
-        # poorly; the tile's rows are contiguous, so this streams them as whole rows.
-        ahead = min(rows, hi - t0 - n) * rb
-        for k in range(0, ahead, 64):
-            prefetch(kf, base + n * rb + k)
-            prefetch(vf, base + n * rb + k)
         for h in range(n_heads):
             o, qo = base + (h // group) * hb, h * hd
             _scores(kind, qs, qo, kf, o, rb, n, hd, sr)
