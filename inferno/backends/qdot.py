@@ -254,22 +254,22 @@ def k_few(ub, w, x8, r8, dx, dr, s16, out, r0, r1):
         c1 = min(c0 + ROWS_PER_BLOCK, r1)
         b = 0
         while b + 4 <= B:
-            if two:
-                _k_block(ub, FOUR, YES, w, b, x8, r8, dx, dr, s16, out, c0, c1)
-            else:
-                _k_block(ub, FOUR, NO, w, b, x8, r8, dx, dr, s16, out, c0, c1)
+            _k_pass(ub, FOUR, two, w, b, x8, r8, dx, dr, s16, out, c0, c1)
             b += 4
         if b + 2 <= B:
-            if two:
-                _k_block(ub, TWO_ROWS, YES, w, b, x8, r8, dx, dr, s16, out, c0, c1)
-            else:
-                _k_block(ub, TWO_ROWS, NO, w, b, x8, r8, dx, dr, s16, out, c0, c1)
+            _k_pass(ub, TWO_ROWS, two, w, b, x8, r8, dx, dr, s16, out, c0, c1)
             b += 2
         if b < B:
-            if two:
-                _k_block(ub, ONE, YES, w, b, x8, r8, dx, dr, s16, out, c0, c1)
-            else:
-                _k_block(ub, ONE, NO, w, b, x8, r8, dx, dr, s16, out, c0, c1)
+            _k_pass(ub, ONE, two, w, b, x8, r8, dx, dr, s16, out, c0, c1)
+
+
+@jit
+def _k_pass(ub, rows, two, w, b, x8, r8, dx, dr, s16, out, r0, r1):
+    """_k_block with `two` made a literal too (rows already is one)."""
+    if two:
+        _k_block(ub, rows, YES, w, b, x8, r8, dx, dr, s16, out, r0, r1)
+    else:
+        _k_block(ub, rows, NO, w, b, x8, r8, dx, dr, s16, out, r0, r1)
 
 
 @jit
