@@ -23,8 +23,8 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   and about ties with the tiles). Decode, a batch and a prefill then compute a row the same
   way: a sequence's logits do not depend on how its tokens were grouped into steps (a chat
   turn prefilled after a reused cache, a server step shared with others) beyond float32
-  rounding. Keeping o_proj and down_proj on float32 tiles in prefill gained 4% of pp512 on
-  the Qwen3-1.7B shape, and lost that;
+  rounding. Keeping o_proj and down_proj on float32 tiles in prefill would gain 4-6% of pp512
+  on the Qwen3-1.7B shape, at the cost of that;
 - embedding (`embed_rows`): whole rows dequantised.
 
 Exactness: a group's products s * q are exact in float32 (an 11-bit half times integers of at

@@ -99,20 +99,20 @@ class SimdBackend(Backend):
     default_cache_type = "f16"  # llama.cpp's default: half the bytes decode reads, same answers
 
     def __init__(self, int8_activations: bool | None = None):
-        # Products of Q4_K and Q6_K weights with one activation row (decode) or a few (the
-        # server's batched step) take those rows as int8 (qdot.py: llama.cpp's Q8_K, plus a
-        # row for its remainder where the weight's outlier_inputs says so), by default where
-        # x86 multiplies bytes fast (AVX2): 2-2.8x the weights per second on one core. Decoded
-        # token by token against transformers the logits stay as close as with float32
-        # activations (bench/RESULTS.md). False keeps float32 activations.
+        # Products of Q4_K and Q6_K weights with one activation row (decode), a few (the
+        # server's batched step) or many (prefill) take those rows as int8 (qdot.py: llama.cpp's
+        # Q8_K, plus a row for its remainder where the weight's outlier_inputs says so), by
+        # default where x86 multiplies bytes fast (AVX2): 2-2.8x the weights per second on one
+        # core. Decoded token by token against transformers the logits stay as close as with
+        # float32 activations (bench/RESULTS.md). False keeps float32 activations.
         self.int8_activations = fast_int_dot() if int8_activations is None else bool(int8_activations)
         blas.limit_to_one_thread()  # sgemm on this core only
         reuse_freed_activations()
         self._closed = False
 
     def _int8_mode(self, w: QuantTensor) -> int:
-        """How a product of w with a few activation rows takes them: 0 float32, 1 one int8 row
-        each, 2 two (for inputs with outliers: one row alone moved whole-model logits by ~5e-2
+        """How a product of w with activation rows takes them: 0 float32, 1 one int8 row each,
+        2 two (for inputs with outliers: one row alone moved whole-model logits by ~5e-2
         there)."""
         if not self.int8_activations:
             return 0
