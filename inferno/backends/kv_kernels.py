@@ -35,7 +35,9 @@ from numba.extending import intrinsic
 from inferno.backends.base import CACHE_TYPES
 from inferno.backends.cache_types import Q8_0_BYTES, QK8_0
 from inferno.backends.kernels import FAST, exp_into, jit
-from inferno.backends.lanes import f16at, f16bits, vadd, vbf16, vf16, vfma, vi8, vload, vmul, vsplat, vstore, vsum, vzero
+from inferno.backends.lanes import (
+    f16at, f16bits, u32at, vadd, vbf16, vf16, vfma, vi8, vload, vmul, vsplat, vstore, vsum, vzero,
+)
 from inferno.backends.qkernels import quantize_q8_0
 
 F32, F16, BF16, Q8_0 = (CACHE_TYPES.index(t) for t in ("f32", "f16", "bf16", "q8_0"))
@@ -179,14 +181,11 @@ def _elem(kind, f, o, d):
     """Element d of a cached head slice at byte o (the head dims past the last 16; f32, f16 and
     bf16 only: q8_0 slices are whole blocks of 32)."""
     if kind == F32:
-        u = np.uint32(0)
-        for i in range(4):
-            u |= np.uint32(f[o + 4 * d + i]) << np.uint32(8 * i)
-        return bits_to_f32(u)
-    h = np.uint16(f[o + 2 * d]) | (np.uint16(f[o + 2 * d + 1]) << np.uint16(8))
+        return bits_to_f32(np.uint32(u32at(f, o + 4 * d)))
     if kind == F16:
-        return f16_to_f32(h)
-    return bits_to_f32(np.uint32(h) << np.uint32(16))
+        return f16at(f, o + 2 * d)
+    h = np.uint32(f[o + 2 * d]) | (np.uint32(f[o + 2 * d + 1]) << np.uint32(8))
+    return bits_to_f32(h << np.uint32(16))
 
 
 @jit
