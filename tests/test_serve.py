@@ -78,16 +78,19 @@ def engine(server):
 @pytest.fixture
 def slow_steps(engine, monkeypatch):
     """Each model step waits a few ms: streams last long enough to be caught mid-way."""
-    step = engine.model.step
-    monkeypatch.setattr(engine.model, "step", lambda *a, **k: (time.sleep(0.005), step(*a, **k))[1])
+    delay_steps(engine, monkeypatch, 0.005)
 
 
 @pytest.fixture
 def slower_steps(engine, monkeypatch):
     """Each model step waits 20 ms: a 200-token stream lasts 4 s, long after a client thread
     that the batch and server threads keep from the GIL has read its first chunk."""
+    delay_steps(engine, monkeypatch, 0.02)
+
+
+def delay_steps(engine, monkeypatch, seconds: float) -> None:
     step = engine.model.step
-    monkeypatch.setattr(engine.model, "step", lambda *a, **k: (time.sleep(0.02), step(*a, **k))[1])
+    monkeypatch.setattr(engine.model, "step", lambda *a, **k: (time.sleep(seconds), step(*a, **k))[1])
 
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a city."}]
