@@ -12,6 +12,7 @@ its decode cuts each sequence's keys into ranges of 16 or more, so the split-and
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
 
 import numpy as np
@@ -254,6 +255,30 @@ def test_blas_runs_one_thread_while_a_backend_lives():
     b.close()
     b.close()  # closing twice releases once
     assert blas.thread_counts() == before
+
+
+CYTHON_BLAS_CHECK = """
+import sys
+import numpy as np
+from inferno.backends import blas, kernels
+blas.load_cython_blas()
+assert "scipy.linalg" not in sys.modules, "scipy.linalg's package init ran"
+a, b = np.random.default_rng(0).standard_normal((2, 40, 40), dtype=np.float32)
+out = np.zeros((40, 40), np.float32)
+kernels.gemm_rows(a, b, out, 0, 40)  # Numba's np.dot, through the module loaded on its own
+assert np.allclose(out, a @ b, atol=1e-4)
+import scipy.linalg, scipy.linalg.cython_blas
+assert scipy.linalg.cython_blas is sys.modules["scipy.linalg.cython_blas"]  # bound as usual
+assert np.allclose(scipy.linalg.solve(np.eye(2), np.ones(2)), 1)
+print("ok")
+"""
+
+
+def test_cython_blas_loads_without_scipy_linalg():
+    """Numba's sgemm needs scipy.linalg.cython_blas only; blas loads it without scipy.linalg's
+    package init (a tenth of a warm load) and scipy.linalg imported later still works."""
+    run = subprocess.run([sys.executable, "-c", CYTHON_BLAS_CHECK], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
 
 
 # -- whole models ---------------------------------------------------------------------------------

@@ -15,6 +15,10 @@ numpy-only code (the `cpu` backend) also runs its BLAS on one thread.
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
+import importlib.util
+import os
+import sys
 import threading
 
 # (set, get) symbol pairs: scipy-openblas (numpy >= 2 with the 64-bit interface, scipy), then a
@@ -30,10 +34,65 @@ _users = 0
 _saved: list[tuple[object, int]] = []
 
 
+CYTHON_BLAS = "scipy.linalg.cython_blas"
+
+
+def load_cython_blas() -> None:
+    """Import scipy.linalg.cython_blas without running scipy.linalg's package init.
+
+    Numba's np.dot reaches sgemm through that module: its runtime imports it by name on the
+    first call. The usual import runs scipy/linalg/__init__.py first, which pulls in all of
+    scipy.linalg and scipy's array-API layer (60-130 ms, a quarter of a warm load); the
+    extension itself needs none of it. So it is loaded from its file under its own name, and
+    every later import (Numba's, scipy.linalg's own) finds it in sys.modules. Anything odd about
+    the install falls back to the plain import."""
+    if CYTHON_BLAS in sys.modules:
+        return
+    if "scipy.linalg" in sys.modules:  # its init has run already: the plain import costs nothing
+        importlib.import_module(CYTHON_BLAS)
+        return
+    try:
+        import scipy
+        folder = os.path.join(os.path.dirname(scipy.__file__), "linalg")
+        paths = [os.path.join(folder, "cython_blas" + s) for s in importlib.machinery.EXTENSION_SUFFIXES]
+        spec = importlib.util.spec_from_file_location(CYTHON_BLAS, next(p for p in paths if os.path.exists(p)))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[CYTHON_BLAS] = module
+        spec.loader.exec_module(module)
+        module.__pyx_capi__["sgemm"]  # what Numba will ask it for
+    except Exception:
+        sys.modules.pop(CYTHON_BLAS, None)
+        importlib.import_module(CYTHON_BLAS)
+        return
+    sys.meta_path.insert(0, _AttachCythonBlas)
+
+
+class _AttachCythonBlas:
+    """Once scipy.linalg itself is imported, give it the `cython_blas` attribute that the usual
+    import of the submodule would have set (an import that finds the submodule in sys.modules
+    binds nothing on its parent). Leaves sys.meta_path at the first import of scipy.linalg."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "scipy.linalg":
+            return None
+        sys.meta_path.remove(_AttachCythonBlas)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                module.cython_blas = sys.modules[CYTHON_BLAS]
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
 def _openblas_controls() -> list[tuple[object, object]]:
     """(set_num_threads, get_num_threads) for every OpenBLAS mapped into this process."""
     import numpy  # noqa: F401  load both libraries before looking
-    import scipy.linalg.cython_blas  # noqa: F401
+    load_cython_blas()
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
