@@ -20,6 +20,7 @@ from inferno.backends.base import CACHE_TYPES
 from inferno.backends.quant import QUANTIZERS, quantize
 from inferno.backends.tracing import TracingBackend
 from inferno.errors import InfernoError
+from inferno.model.gguf_file import file_type_name
 from inferno.model.loader import Checkpoint, open_checkpoint
 from inferno.model.decoder import DecoderModel
 from inferno.model.resolve import alias_sampling, resolve
@@ -288,12 +289,8 @@ def weight_type(checkpoint: Checkpoint) -> str:
     """The weights' type as llama-bench names it: a GGUF's file type (Q4_K_M: a mix of
     types), else the type holding most of the matrices' elements (BF16, F32, Q8_0)."""
     file_type = checkpoint.metadata.get("general.file_type")
-    if file_type is not None:
-        from gguf import LlamaFileType
-        try:
-            return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-        except ValueError:
-            pass
+    if isinstance(file_type, int) and file_type_name(file_type):  # a hostile file's may be anything
+        return file_type_name(file_type)
     elements: dict[str, int] = {}
     for t in checkpoint.tensors.values():
         if len(t.shape) == 2:

@@ -14,7 +14,7 @@ from tiny_gguf import V, gguf_bytes, gguf_kv, gguf_string, gguf_tensor
 from inferno.backends.quant import QTYPES
 from inferno.errors import InfernoError
 from inferno.backends.quant import GGML_TYPES
-from inferno.model.gguf_file import read_gguf
+from inferno.model.gguf_file import FILE_TYPES, file_type_name, read_gguf
 
 
 def write(tmp_path, data: bytes):
@@ -93,6 +93,13 @@ def test_type_table_matches_the_gguf_package_and_the_quant_types():
         assert (qtype.name, *gguf.GGML_QUANT_SIZES[qtype]) == (name, block, block_bytes)
     for q in QTYPES.values():
         assert GGML_TYPES[q.ggml_id] == (q.name, q.block, q.block_bytes)
+
+
+def test_file_type_table_matches_the_gguf_package():
+    for file_type, name in FILE_TYPES.items():
+        assert gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_") == name
+    assert file_type_name(15) == "Q4_K_M" and file_type_name(38) == "MXFP4_MOE"  # from the package
+    assert file_type_name(999) is None
 
 
 def test_tensor_table(tmp_path):

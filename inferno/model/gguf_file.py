@@ -95,6 +95,28 @@ def read_gguf(path: str | Path) -> GGUFFile:
     return _Parser(path, buf).parse()
 
 
+# general.file_type -> the name llama-bench gives it (llama.h's llama_ftype, less its MOSTLY_);
+# an id missing here is looked up in the gguf package.
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
+    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M",
+    30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
+}
+
+
+def file_type_name(file_type: int) -> str | None:
+    """The name of a general.file_type (Q4_K_M), None when unknown."""
+    if file_type in FILE_TYPES:
+        return FILE_TYPES[file_type]
+    try:  # newer than our table
+        from gguf import LlamaFileType
+        return LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except (ImportError, ValueError):
+        return None
+
+
 def corrupt(path: Path, what: str) -> InfernoError:
     return InfernoError(f"{path}: truncated or corrupt GGUF file ({what}); download it again")
 
