@@ -18,7 +18,7 @@ import ctypes
 
 import numpy as np
 
-from inferno.backends import blas, cache_types
+from inferno.backends import blas, cache_types, jitcache
 from inferno.backends import kernels as K
 from inferno.backends import kv_kernels as KV
 from inferno.backends import qkernels as Q
@@ -107,6 +107,7 @@ class SimdBackend(Backend):
         # float32 activations (bench/RESULTS.md). False keeps float32 activations.
         self.int8_activations = fast_int_dot() if int8_activations is None else bool(int8_activations)
         blas.limit_to_one_thread()  # sgemm on this core only
+        jitcache.load_kernels_lazily()  # a warm load skips Numba's compiler set-up
         reuse_freed_activations()
         self._closed = False
 

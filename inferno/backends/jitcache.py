@@ -1,0 +1,52 @@
+"""Loading cached kernels without waking Numba's compiler.
+
+Before every cache load Numba refreshes its target context "to ensure it is initialized". The
+first refresh imports some forty modules of typing and lowering registries (numba.np.arraymath,
+the random and set and list implementations...) and installs them all: 80-130 ms of a warm
+0.45 s load of the default model here, for nothing a cache hit uses. A hit takes its machine
+code from the cache file and brings its threading layer up through the entry's own reload hooks;
+at run time the code calls Numba's C helpers (registered when Numba's context is made) and the
+NRT, which is initialised here, as the refresh would have done. A miss compiles as before, and
+Numba's compiler refreshes the context itself before it compiles anything.
+
+Only inferno's own kernels load this way (a test loads them in a fresh process and checks that
+the registries stay unimported and the answers match); other Numba code in the process keeps
+Numba's own path.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+try:
+    from numba.core import caching
+    from numba.core.dispatcher import Dispatcher
+    from numba.core.runtime import rtsys
+    _SUPPORTED = all(hasattr(caching.Cache, name) for name in ("_load_overload", "_guard_against_spurious_io_errors"))
+except ImportError:  # a Numba whose internals moved: keep its own loading
+    _SUPPORTED = False
+
+
+def _load_overload(cache, sig, target_context):
+    """Numba's Cache.load_overload, less the refresh."""
+    rtsys.initialize(target_context)  # the one part of the refresh a loaded kernel calls into
+    with cache._guard_against_spurious_io_errors():
+        return cache._load_overload(sig, target_context)
+
+
+def load_kernels_lazily(package: str = "inferno.backends") -> int:
+    """Give every cached Numba kernel defined in `package`'s imported modules the loader above;
+    the number of kernels changed (0 once done, or where Numba's internals differ)."""
+    if not _SUPPORTED:
+        return 0
+    done = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == package or name.startswith(package + ".")):
+            continue
+        for value in list(vars(module).values()):
+            cache = getattr(value, "_cache", None) if isinstance(value, Dispatcher) else None
+            if isinstance(cache, caching.Cache) and "load_overload" not in vars(cache):
+                cache.load_overload = functools.partial(_load_overload, cache)
+                done += 1
+    return done
