@@ -7,6 +7,7 @@ PIP_FIND_LINKS); error tests point pip and the hub at a closed local port."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -304,6 +305,26 @@ def test_corrupt_and_foreign_files(good_gguf, tmp_path):
     foreign = tmp_path / "weights.gguf"
     foreign.write_text("not a model")
     assert_one_line_error(cli("generate", "-m", foreign, "-p", "hi"), "not a GGUF file")
+
+
+def test_the_collector_is_back_on_after_a_load(good_gguf, tmp_path):
+    """open_checkpoint pauses Python's garbage collector while it reads; it resumes after a
+    load and after a failed one, and stays off if it was off."""
+    from inferno.model.loader import open_checkpoint
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + b"\xff" * 4096)
+    assert gc.isenabled()
+    open_checkpoint(good_gguf)
+    assert gc.isenabled()
+    with pytest.raises(InfernoError):
+        open_checkpoint(corrupt)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        open_checkpoint(good_gguf)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_unsupported_architecture(llama_dir, tmp_path):

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import tiny_spm
 from transformers import AutoTokenizer
 
+import inferno.model.gguf_tokenizer as G
 from inferno.errors import InfernoError
 from inferno.model.gguf_file import read_gguf
 from inferno.model.gguf_tokenizer import tokenizer_from_gguf
@@ -198,3 +200,52 @@ def test_a_vocabulary_without_scores_is_refused():
     meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "a"]}
     with pytest.raises(InfernoError, match="no score per token"):
         tokenizer_from_gguf(meta, "x.gguf")
+
+
+# -- the merges kept in inferno's cache -----------------------------------------------------------
+def test_merges_are_kept_in_the_cache_and_read_back(tmp_path, monkeypatch):
+    """A big vocabulary's merges are computed once and read back from inferno's cache; a cache
+    file that is damaged or names tokens out of range is computed around and rewritten."""
+    monkeypatch.setenv("INFERNO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(G, "CACHE_MERGES_FROM", 0)  # the tiny vocabulary counts as big
+    sp = tiny_spm.train()
+    path = tiny_spm.write_vocab_gguf(sp, tmp_path / "v.gguf")
+    meta = read_gguf(path).metadata
+    tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"]
+    vocab = dict(zip(tokens, range(len(tokens))))
+    expected = G._merges(tokens, scores, vocab)
+    assert len(expected) > 50
+
+    assert G.cached_merges(tokens, scores, vocab) == expected  # computed, then written
+    [kept] = (tmp_path / "cache" / "tokenizers").iterdir()
+    calls = []
+    monkeypatch.setattr(G, "_merges", lambda *a: calls.append(1) or expected)
+    assert G.cached_merges(tokens, scores, vocab) == expected and not calls  # read back
+    assert tokenizer_from_gguf(meta, path.name).encode("Hello world", False) == sp.encode("Hello world")
+
+    other = list(scores)
+    other[5] += 1.0
+    G.cached_merges(tokens, other, vocab)  # another vocabulary: another file
+    assert len(calls) == 1 and len(list(kept.parent.iterdir())) == 2
+
+    for damage in (b"not an array", np.full((3, 2), len(tokens), np.int32)):
+        if isinstance(damage, bytes):
+            kept.write_bytes(damage)
+        else:
+            np.save(kept, damage)
+        assert G.cached_merges(tokens, scores, vocab) == expected
+    assert len(calls) == 3 and np.load(kept).shape == (len(expected), 2)  # rewritten whole
+
+    monkeypatch.setenv("INFERNO_CACHE", str(path))  # a file, not a folder: nothing can be written
+    assert G.cached_merges(tokens, scores, vocab) == expected
+
+
+def test_gemma_merges_from_the_cache_equal_computed_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERNO_CACHE", str(tmp_path))
+    path = resolve("gemma3-270m")
+    meta = read_gguf(path).metadata
+    tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"]
+    assert len(tokens) >= G.CACHE_MERGES_FROM
+    vocab = dict(zip(tokens, range(len(tokens))))
+    written = G.cached_merges(tokens, scores, vocab)
+    assert G.cached_merges(tokens, scores, vocab) == written == G._merges(tokens, scores, vocab)

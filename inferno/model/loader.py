@@ -8,6 +8,8 @@ and read-only float32 views for matrices, float32 arrays for vectors.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,10 +98,28 @@ def open_checkpoint(model: str | Path | None = None, progress: bool = False) -> 
     from inferno.model.gguf import load_gguf  # here: gguf.py imports this module
 
     path = resolve(model)
-    if path.is_dir():
-        return load_hf_folder(path, progress)
-    with open(path, "rb") as f:
-        is_gguf = f.read(4) == MAGIC
-    if is_gguf or path.suffix == ".gguf":
-        return load_gguf(path, progress_bar(progress))
+    with collector_paused():
+        if path.is_dir():
+            return load_hf_folder(path, progress)
+        with open(path, "rb") as f:
+            is_gguf = f.read(4) == MAGIC
+        if is_gguf or path.suffix == ".gguf":
+            return load_gguf(path, progress_bar(progress))
     raise InfernoError(f"{path} is neither a model folder ({FOLDER_CONTENTS}) nor a .gguf file")
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off while a checkpoint is read. A vocabulary is
+    hundreds of thousands of small strings, lists and tuples (Gemma 3's 262k tokens and 515k
+    merges), every one of them counted towards the next collection, and the older generations'
+    collections walk all that came before, for no garbage: Gemma 3's tokenizer built in 0.55
+    instead of 1.5 s. The collector is process-wide; it is back on (if it was) when the
+    checkpoint is open."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
