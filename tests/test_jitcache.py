@@ -5,6 +5,7 @@ Each check runs in a fresh interpreter: this one has compiled and refreshed long
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import sys
 import pytest
 
 import inferno
+from inferno.backends import jitcache
 from inferno.model.resolve import resolve
 
 SCRIPT = """
@@ -43,3 +45,28 @@ def test_warm_load_skips_numbas_compiler_set_up(backend):
     assert warm["logits"] == here.logits([1, 2, 3, 4, 5])[-1, :8].tolist()
     assert "Paris" in warm["text"]
     here.close()
+
+
+class FakeCache:
+    """What jitcache's loader asks of Numba's cache, with a hit or a miss to give."""
+
+    def __init__(self, found):
+        self.found = found
+
+    def _guard_against_spurious_io_errors(self):
+        return contextlib.nullcontext()
+
+    def _load_overload(self, sig, target_context):
+        return self.found
+
+
+def test_a_miss_says_once_that_kernels_compile(monkeypatch, capsys):
+    from numba.core.registry import cpu_target
+    monkeypatch.setattr(jitcache, "_told", False)
+    ctx = cpu_target.target_context
+    assert jitcache._load_overload(FakeCache("hit"), (), ctx) == "hit"
+    assert capsys.readouterr().err == ""
+    for _ in range(3):
+        assert jitcache._load_overload(FakeCache(None), (), ctx) is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("note: compiling inferno's kernels for this CPU, once")
