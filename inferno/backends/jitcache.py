@@ -47,6 +47,15 @@ def _load_overload(cache, sig, target_context):
     return found
 
 
+def lazy(dispatcher):
+    """`dispatcher` with the loader above (for kernels made at run time, which
+    load_kernels_lazily cannot find); returns it."""
+    cache = getattr(dispatcher, "_cache", None)
+    if _SUPPORTED and isinstance(cache, caching.Cache) and "load_overload" not in vars(cache):
+        cache.load_overload = functools.partial(_load_overload, cache)
+    return dispatcher
+
+
 def load_kernels_lazily(package: str = "inferno.backends") -> int:
     """Give every cached Numba kernel defined in `package`'s imported modules the loader above;
     the number of kernels changed (0 once done, or where Numba's internals differ)."""
@@ -59,6 +68,6 @@ def load_kernels_lazily(package: str = "inferno.backends") -> int:
         for value in list(vars(module).values()):
             cache = getattr(value, "_cache", None) if isinstance(value, Dispatcher) else None
             if isinstance(cache, caching.Cache) and "load_overload" not in vars(cache):
-                cache.load_overload = functools.partial(_load_overload, cache)
+                lazy(value)
                 done += 1
     return done

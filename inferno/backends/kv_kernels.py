@@ -24,14 +24,17 @@ Software prefetch of the next tile, or of the next job's first, measured no gain
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numba as nb
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
+from numba.core.errors import TypingError
+from numba.extending import intrinsic, overload
 
+from inferno.backends import jitcache
 from inferno.backends.base import CACHE_TYPES
 from inferno.backends.cache_types import Q8_0_BYTES, QK8_0
 from inferno.backends.kernels import FAST, exp_into, jit
@@ -296,7 +299,6 @@ def _accumulate(kind, p, corr, f, o, rb, n, hd, acc, ao):
         acc[ao + d] = t
 
 
-@jit
 def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
                part_acc, part_m, part_l):
     """One job of a decode step: sequence b, split `split` of the keys it attends
@@ -305,18 +307,25 @@ def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads,
     [B, n_heads, n_splits, hd], part_m, part_l [B, n_heads, n_splits]; merge_parts combines the
     splits. An empty split leaves m = -inf, l = 0, acc = 0. Each cache type compiles its own
     loops (the kind a literal, as qkernels.rows_kernel does)."""
-    if kind == F32:
-        _decode_job(F32, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
-                    part_acc, part_m, part_l)
-    elif kind == F16:
-        _decode_job(F16, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
-                    part_acc, part_m, part_l)
-    elif kind == BF16:
-        _decode_job(BF16, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
-                    part_acc, part_m, part_l)
-    else:
-        _decode_job(Q8_0, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
-                    part_acc, part_m, part_l)
+    raise TypeError("decode_job runs in jitted code only")
+
+
+@overload(decode_job, prefer_literal=True, jit_options=dict(fastmath=FAST))
+def _decode_job_of(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+                   part_acc, part_m, part_l):
+    """The literal kind's loops alone (decode_all_for, the pool's _decode_for; see
+    qkernels.rows_kernel's overload)."""
+    if isinstance(kind, types.IntegerLiteral):
+        code = kind.literal_value
+
+        def one_kind(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+                     part_acc, part_m, part_l):
+            _decode_job(code, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+                        part_acc, part_m, part_l)
+        return one_kind
+
+    raise TypingError("decode_job needs its cache kind as a compile-time constant: call "
+                      "decode_all_for (or the pool backend's _decode_for)")
 
 
 @jit
@@ -418,3 +427,14 @@ def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads,
     out = np.empty_like(q)
     merge_parts(part_acc, part_m, part_l, out)
     return out
+
+
+@functools.cache
+def decode_all_for(kind: int):
+    """`decode_all` compiled for one cache kind alone (see qkernels.linear_for): (q, k_raw,
+    v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits)."""
+    @jit
+    def decode_all_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits):
+        return decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
+                          n_splits)
+    return jitcache.lazy(decode_all_kind)

@@ -26,11 +26,13 @@ but gave ~53 instead of ~70 on free cores, so the default stays.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numba as nb
 import numpy as np
 
+from inferno.backends import jitcache
 from inferno.backends import kernels as K
 from inferno.backends import kv_kernels as KV
 from inferno.backends import qkernels as Q
@@ -117,6 +119,15 @@ def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, he
     return out
 
 
+@functools.cache
+def _decode_for(kind: int):
+    """`_decode` for one cache kind alone (see qkernels.linear_for)."""
+    @nb.njit(cache=True, nogil=True)
+    def decode_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits):
+        return _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits)
+    return jitcache.lazy(decode_kind)
+
+
 MANY = 3  # weights per linear_many launch: q/k/v; gate/up are padded with _NO_ROWS
 _NO_ROWS = np.empty((0, 0), np.uint8)
 _NO_ROWS.flags.writeable = False
@@ -165,12 +176,12 @@ class PoolBackend(SimdBackend):
             check_width(x, w)
             kind, tile = Q.KINDS[w.qtype.name], prefill_tile(w.shape[1])
             if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
-                Q.linear(kind, w.data, x, out, tile, self._int8_mode(w))
+                Q.linear_for(kind)(w.data, x, out, tile, self._int8_mode(w))
             else:
                 # Prefill splits tiles of rows: at least one per thread (SmolLM2's 576 rows
                 # would otherwise be one tile, on one thread).
                 tile = min(tile, -(-w.shape[0] // self.threads))
-                self._launch(Q.linear_par, kind, w.data, x, out, tile, self.threads,
+                self._launch(Q.linear_par_for(kind), w.data, x, out, tile, self.threads,
                              self._int8_mode(w))
         elif x.shape[0] == 1:
             if self.threads == 1 or w.size < self.parallel_min_elements:
@@ -199,12 +210,12 @@ class PoolBackend(SimdBackend):
         if total * x.size < self.parallel_min_elements:
             return [self.linear(x, w) for w in ws]
         out = np.empty((rows, total), dtype=np.float32)  # [rows, sum of outs]
-        # Always three weights (gate/up gets a weight of no rows): one compiled signature, so
-        # one cached kernel to load at start-up, not two (~24 ms of the load line each).
+        # Always three weights (gate/up gets a weight of no rows, of the first one's kind): one
+        # compiled kernel for both, one to load at start-up, not two (~24 ms of the load line each).
         while len(kinds) < MANY:
             kinds.append(kinds[0])
             datas.append(_NO_ROWS)
-        self._launch(Q.linear_many_par, tuple(kinds), tuple(datas), x, out, self.threads,
+        self._launch(Q.linear_many_par_for(*kinds), tuple(datas), x, out, self.threads,
                      max(self._int8_mode(w) for w in ws))
         views, start = [], 0
         for w in ws:
@@ -273,13 +284,13 @@ class PoolBackend(SimdBackend):
         else:
             self._launch(_flash, *args)
 
-    def _decode_plan(self, seqs: int, keys_per_seq: int, work: int):
+    def _decode_plan(self, kind: int, seqs: int, keys_per_seq: int, work: int):
         """Cut each sequence's keys into ranges so that the jobs share out evenly
         over the threads (prange hands each thread an equal run of jobs), none shorter than
         decode_min_keys; a small step runs serially on the calling thread."""
         if self.threads == 1 or work < self.parallel_min_attention:
-            return 1, KV.decode_all
+            return 1, KV.decode_all_for(kind)
         most = max(1, keys_per_seq // self.decode_min_keys)
         splits = next((s for s in range(1, most + 1) if seqs * s % self.threads == 0), most)
-        return splits, lambda *args: self._launch(_decode, *args)
+        return splits, functools.partial(self._launch, _decode_for(kind))
 

@@ -27,6 +27,9 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   on the Qwen3-1.7B shape, at the cost of that;
 - embedding (`embed_rows`): whole rows dequantised.
 
+The backends call the drivers through `linear_for`, `linear_par_for` and `linear_many_par_for`,
+each compiled for the kinds it is given (see there): a model compiles and loads only its own.
+
 Exactness: a group's products s * q are exact in float32 (an 11-bit half times integers of at
 most 7 + 6 bits), so dequantised weights equal the gguf package's bit for bit, and the dot
 products differ from a float32 matmul of those weights only by summation order.
@@ -41,10 +44,15 @@ F16/BF16 weight whose rows are not is kept as float32 by the backend instead).
 
 from __future__ import annotations
 
+import functools
+
 import numba as nb
 import numpy as np
+from numba import types
+from numba.core.errors import TypingError
+from numba.extending import overload
 
-from inferno.backends import qdot
+from inferno.backends import jitcache, qdot
 from inferno.backends.qdot import Q4_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
 from inferno.backends.kernels import FAST
 from inferno.backends.lanes import (
@@ -166,54 +174,61 @@ def activations(x, xs, mode):
     return qdot.empty()
 
 
-@jit
 def rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
     """out[:, col + r0:col + r1] = x @ w[r0:r1].T for x [B <= FEW_MAX, cols], xs its group sums,
     xq its row quantized or empty (`activations`), col where this weight's outputs start, in a
-    buffer several weights share.
+    buffer several weights share. Jitted code only (the overload below).
 
     Each kind gets its own compiled loops: a global constant passed to a jitted function is
     typed as a literal, so `_rows(Q8_0, ...)` compiles a copy in which every branch on the kind
     folds away (nb.literal_unroll over the codes did not: it compiled one int64 copy). A switch
     on the kind inside the loops cost 5-30% of the matvec (Q5_0 11 -> 13.7 Gw/s in cache, one
     core) and 2-3x of few_rows."""
-    if kind == Q8_0:
-        _rows(Q8_0, w, x, xs, xq, out, col, r0, r1)
-    elif kind == Q4_0:
-        _rows(Q4_0, w, x, xs, xq, out, col, r0, r1)
-    elif kind == Q4_1:
-        _rows(Q4_1, w, x, xs, xq, out, col, r0, r1)
-    elif kind == Q5_0:
-        _rows(Q5_0, w, x, xs, xq, out, col, r0, r1)
-    elif kind == Q5_1:
-        _rows(Q5_1, w, x, xs, xq, out, col, r0, r1)
-    elif kind == Q4_K:
-        _rows(Q4_K, w, x, xs, xq, out, col, r0, r1)
-    elif kind == Q5_K:
-        _rows(Q5_K, w, x, xs, xq, out, col, r0, r1)
-    elif kind == Q6_K:
-        _rows(Q6_K, w, x, xs, xq, out, col, r0, r1)
-    elif kind == F16:
-        _rows(F16, w, x, xs, xq, out, col, r0, r1)
-    else:
-        _rows(BF16, w, x, xs, xq, out, col, r0, r1)
+    raise TypeError("rows_kernel runs in jitted code only")
+
+
+@overload(rows_kernel, prefer_literal=True, jit_options=dict(fastmath=FAST))
+def _rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
+    """Chosen while typing, from the kind's literal value (the drivers are made per kind): its
+    own loops and nothing else, so Numba types and compiles no other kind's. (A switch on a
+    literal kind folds away in LLVM, but only after Numba has compiled every branch's callees:
+    the default model's first run compiled all ten kinds' loops, for two minutes.)"""
+    if isinstance(kind, types.IntegerLiteral):
+        code = kind.literal_value
+        if code == Q4_K:
+            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
+                _rows_int8(Q4_K, Q4_K_BYTES, w, x, xs, xq, out, col, r0, r1)
+        elif code == Q6_K:
+            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
+                _rows_int8(Q6_K, Q6_K_BYTES, w, x, xs, xq, out, col, r0, r1)
+        else:
+            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
+                _rows(code, w, x, xs, out, col, r0, r1)
+        return one_kind
+
+    raise TypingError("rows_kernel needs its kind as a compile-time constant: call the drivers "
+                      "through linear_for, linear_par_for or linear_many_par_for")
 
 
 @jit
-def _rows(kind, w, x, xs, xq, out, col, r0, r1):
-    one, quantized = x.shape[0] == 1, xq[0].shape[0] > 0
-    if quantized and kind == Q4_K and one:
-        qdot.k_rows(Q4_K_BYTES, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
-    elif quantized and kind == Q4_K:
-        qdot.k_few(Q4_K_BYTES, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
-    elif quantized and kind == Q6_K and one:
-        qdot.k_rows(Q6_K_BYTES, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
-    elif quantized and kind == Q6_K:
-        qdot.k_few(Q6_K_BYTES, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
-    elif one:
+def _rows(kind, w, x, xs, out, col, r0, r1):
+    """float32 activations: one row (decode) or a few."""
+    if x.shape[0] == 1:
         matvec_rows(kind, w, x, xs, out[0, col:], r0, r1)
     else:
         few_rows(kind, w, x, xs, out[:, col:], r0, r1)
+
+
+@jit
+def _rows_int8(kind, unit_bytes, w, x, xs, xq, out, col, r0, r1):
+    """Q4_K or Q6_K (`unit_bytes` a literal, as qdot's kernels want it): in integers when xq
+    holds the rows quantized, else as _rows."""
+    if xq[0].shape[0] == 0:
+        _rows(kind, w, x, xs, out, col, r0, r1)
+    elif x.shape[0] == 1:
+        qdot.k_rows(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
+    else:
+        qdot.k_few(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
 
 
 @jit
@@ -439,27 +454,64 @@ def linear_par(kind, w, x, out, tile, chunks, mode):
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_many_par(kinds, ws, x, out, chunks, mode):
+def linear_many_par(k0, k1, k2, ws, x, out, chunks, mode):
     """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
-    B <= FEW_MAX rows of x: the weights' rows, taken end to end as one range, split into
-    `chunks` pieces (a piece may span two weights). The weights may differ in kind and rows;
-    they share cols, so a row costs about the same in any."""
+    B <= FEW_MAX rows of x: the three weights' rows (kinds k0, k1, k2), taken end to end as one
+    range, split into `chunks` pieces (a piece may span two weights). The weights may differ in
+    kind and rows; they share cols, so a row costs about the same in any."""
     B, n = x.shape[0], x.shape[1]
     xs = np.empty((B, n // 32), np.float32)
-    any_int = False
-    for k in range(len(kinds)):
-        any_int = any_int or int_dot(kinds[k])
-    xq = activations(x, xs, mode if any_int else 0)
+    xq = activations(x, xs, mode if int_dot(k0) or int_dot(k1) or int_dot(k2) else 0)
     total = out.shape[1]
     for c in nb.prange(chunks):
         lo, hi = chunk_start(total, c, chunks, 2), chunk_start(total, c + 1, chunks, 2)
-        start = 0
-        for k in range(len(ws)):
-            rows = ws[k].shape[0]
-            r0, r1 = max(lo - start, 0), min(hi - start, rows)
-            if r0 < r1:
-                rows_kernel(kinds[k], ws[k], x, xs, xq, out, start, r0, r1)
-            start += rows
+        start = _piece(k0, ws[0], x, xs, xq, out, 0, lo, hi)  # each kind its own argument:
+        start = _piece(k1, ws[1], x, xs, xq, out, start, lo, hi)  # a literal to rows_kernel
+        _piece(k2, ws[2], x, xs, xq, out, start, lo, hi)
+
+
+@jit
+def _piece(kind, w, x, xs, xq, out, start, lo, hi):
+    """The part of out's columns lo..hi that falls in w's rows, w's outputs starting at column
+    `start`; returns where the next weight's start."""
+    r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
+    if r0 < r1:
+        rows_kernel(kind, w, x, xs, xq, out, start, r0, r1)
+    return start + w.shape[0]
+
+
+# -- the drivers compiled per kind -----------------------------------------------------------------
+# A driver called with the kind as a run-time argument compiles every kind's loops (rows_kernel's
+# switch) into one object: 1.2 MB of machine code for linear_par, and the default model's first
+# run compiled for two minutes. Each entry below is made for the kinds it is given by a factory
+# whose closure holds them: Numba takes a closure's variables as compile-time constants (as it
+# does globals), so the driver is compiled for those kinds alone, and its cache entry is keyed
+# on them. A model compiles and loads only the kinds it holds.
+@functools.cache
+def linear_for(kind: int):
+    """`linear` for one kind: (w, x, out, tile, mode)."""
+    @jit
+    def linear_kind(w, x, out, tile, mode):
+        linear(kind, w, x, out, tile, mode)
+    return jitcache.lazy(linear_kind)
+
+
+@functools.cache
+def linear_par_for(kind: int):
+    """`linear_par` for one kind: (w, x, out, tile, chunks, mode)."""
+    @jit
+    def linear_par_kind(w, x, out, tile, chunks, mode):
+        linear_par(kind, w, x, out, tile, chunks, mode)
+    return jitcache.lazy(linear_par_kind)
+
+
+@functools.cache
+def linear_many_par_for(k0: int, k1: int, k2: int):
+    """`linear_many_par` for three kinds: (ws, x, out, chunks, mode)."""
+    @jit
+    def linear_many_par_kinds(ws, x, out, chunks, mode):
+        linear_many_par(k0, k1, k2, ws, x, out, chunks, mode)
+    return jitcache.lazy(linear_many_par_kinds)
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)

@@ -143,8 +143,8 @@ class SimdBackend(Backend):
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
         if isinstance(w, QuantTensor):
             check_width(x, w)
-            Q.linear(Q.KINDS[w.qtype.name], w.data, x, out, prefill_tile(w.shape[1]),
-                     self._int8_mode(w))
+            Q.linear_for(Q.KINDS[w.qtype.name])(w.data, x, out, prefill_tile(w.shape[1]),
+                                                 self._int8_mode(w))
         elif x.shape[0] == 1:
             K.matvec(w, x[0], out[0], 0, w.shape[0])
         else:
@@ -234,8 +234,8 @@ class SimdBackend(Backend):
         if lens.size == 0:
             return np.empty((0, n_heads * head_dim), np.float32)
         keys = int(np.minimum(lens, window).sum() if window else lens.sum())  # keys read in all
-        splits, run = self._decode_plan(lens.size, keys // lens.size, keys * n_heads * head_dim)
-        return run(contiguous(q), k_buf.view(np.uint8), v_buf.view(np.uint8), kind,
+        splits, run = self._decode_plan(kind, lens.size, keys // lens.size, keys * n_heads * head_dim)
+        return run(contiguous(q), k_buf.view(np.uint8), v_buf.view(np.uint8),
                    np.ascontiguousarray(slots, dtype=np.int64), lens, int(window),
                    score_scale(head_dim, scale), n_kv_heads, head_dim, splits)  # [B, nh * hd]
 
@@ -244,10 +244,10 @@ class SimdBackend(Backend):
         the heads run one after another; the pool backend fans them out."""
         K.flash_heads(*args)
 
-    def _decode_plan(self, seqs: int, keys_per_seq: int, work: int):
+    def _decode_plan(self, kind: int, seqs: int, keys_per_seq: int, work: int):
         """(splits, kernel): how many ranges each sequence's keys are cut into, one job each,
-        and what runs the jobs. Here one range, every job in turn."""
-        return 1, KV.decode_all
+        and what runs the jobs over a cache of `kind`. Here one range, every job in turn."""
+        return 1, KV.decode_all_for(kind)
 
 
 def check_rows(buf, slot: int, start: int, stop: int, width: int | None = None) -> None:
