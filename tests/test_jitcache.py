@@ -69,4 +69,4 @@ def test_a_miss_says_once_that_kernels_compile(monkeypatch, capsys):
     for _ in range(3):
         assert jitcache._load_overload(FakeCache(None), (), ctx) is None
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("note: compiling inferno's kernels for this CPU, once")
+    assert err.count("\n") == 1 and err.startswith("note: compiling inferno's kernels for this CPU and these weight types, once")

@@ -9,8 +9,8 @@ at run time the code calls Numba's C helpers (registered when Numba's context is
 NRT, which is initialised here, as the refresh would have done. A miss compiles as before, and
 Numba's compiler refreshes the context itself before it compiles anything.
 
-A miss also prints one notice per process (a first run compiles for a minute or two, silent
-otherwise). Only inferno's own kernels load this way (a test loads them in a fresh process and checks that
+A miss also prints one notice per process (a model's first run compiles for 30-40 s here,
+silently otherwise). Only inferno's own kernels load this way (a test loads them in a fresh process and checks that
 the registries stay unimported and the answers match); other Numba code in the process keeps
 Numba's own path.
 """
@@ -34,7 +34,7 @@ _told = False  # whether this process has said that it compiles
 
 def _load_overload(cache, sig, target_context):
     """Numba's Cache.load_overload, less the refresh; on a miss (Numba compiles next), one
-    notice per process, so that a first run's minute or two of compiling is not taken for a hang."""
+    notice per process, so that a first run's half minute of compiling is not taken for a hang."""
     global _told
     rtsys.initialize(target_context)  # the one part of the refresh a loaded kernel calls into
     found = None
@@ -42,8 +42,8 @@ def _load_overload(cache, sig, target_context):
         found = cache._load_overload(sig, target_context)
     if found is None and not _told:
         _told = True
-        print("note: compiling inferno's kernels for this CPU, once (a minute or two on a first "
-              "run; Numba's cache keeps them for later loads)", file=sys.stderr, flush=True)
+        print("note: compiling inferno's kernels for this CPU and these weight types, once (tens of "
+              "seconds; Numba's cache keeps them for later loads)", file=sys.stderr, flush=True)
     return found
 
 
