@@ -10,9 +10,9 @@ NRT, which is initialised here, as the refresh would have done. A miss compiles 
 Numba's compiler refreshes the context itself before it compiles anything.
 
 A miss also prints one notice per process (a model's first run compiles for 30-40 s here,
-silently otherwise). Only inferno's own kernels load this way (a test loads them in a fresh process and checks that
-the registries stay unimported and the answers match); other Numba code in the process keeps
-Numba's own path.
+silently otherwise). Only inferno's own kernels load this way (a test loads them in a fresh
+process and checks that the registries stay unimported and the answers match); other Numba code
+in the process keeps Numba's own path.
 """
 
 from __future__ import annotations
@@ -47,27 +47,28 @@ def _load_overload(cache, sig, target_context):
     return found
 
 
+def _give_loader(value) -> bool:
+    """Whether `value` is a cached kernel that got the loader above just now."""
+    if not _SUPPORTED or not isinstance(value, Dispatcher):
+        return False
+    cache = getattr(value, "_cache", None)
+    if not isinstance(cache, caching.Cache) or "load_overload" in vars(cache):
+        return False
+    cache.load_overload = functools.partial(_load_overload, cache)
+    return True
+
+
 def lazy(dispatcher):
     """`dispatcher` with the loader above (for kernels made at run time, which
     load_kernels_lazily cannot find); returns it."""
-    cache = getattr(dispatcher, "_cache", None)
-    if _SUPPORTED and isinstance(cache, caching.Cache) and "load_overload" not in vars(cache):
-        cache.load_overload = functools.partial(_load_overload, cache)
+    _give_loader(dispatcher)
     return dispatcher
 
 
 def load_kernels_lazily(package: str = "inferno.backends") -> int:
     """Give every cached Numba kernel defined in `package`'s imported modules the loader above;
     the number of kernels changed (0 once done, or where Numba's internals differ)."""
-    if not _SUPPORTED:
-        return 0
-    done = 0
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name == package or name.startswith(package + ".")):
-            continue
-        for value in list(vars(module).values()):
-            cache = getattr(value, "_cache", None) if isinstance(value, Dispatcher) else None
-            if isinstance(cache, caching.Cache) and "load_overload" not in vars(cache):
-                lazy(value)
-                done += 1
-    return done
+    return sum(_give_loader(value)
+               for name, module in list(sys.modules.items())
+               if module is not None and (name == package or name.startswith(package + "."))
+               for value in list(vars(module).values()))
