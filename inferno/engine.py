@@ -289,8 +289,9 @@ def weight_type(checkpoint: Checkpoint) -> str:
     """The weights' type as llama-bench names it: a GGUF's file type (Q4_K_M: a mix of
     types), else the type holding most of the matrices' elements (BF16, F32, Q8_0)."""
     file_type = checkpoint.metadata.get("general.file_type")
-    if isinstance(file_type, int) and file_type_name(file_type):  # a hostile file's may be anything
-        return file_type_name(file_type)
+    # A hostile file's file_type may be anything.
+    if isinstance(file_type, int) and (name := file_type_name(file_type)):
+        return name
     elements: dict[str, int] = {}
     for t in checkpoint.tensors.values():
         if len(t.shape) == 2:

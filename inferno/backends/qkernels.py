@@ -481,12 +481,12 @@ def _piece(kind, w, x, xs, xq, out, start, lo, hi):
 
 
 # -- the drivers compiled per kind -----------------------------------------------------------------
-# A driver called with the kind as a run-time argument compiles every kind's loops (rows_kernel's
-# switch) into one object: 1.2 MB of machine code for linear_par, and the default model's first
-# run compiled for two minutes. Each entry below is made for the kinds it is given by a factory
-# whose closure holds them: Numba takes a closure's variables as compile-time constants (as it
-# does globals), so the driver is compiled for those kinds alone, and its cache entry is keyed
-# on them. A model compiles and loads only the kinds it holds.
+# The drivers took the kind as a run-time argument and compiled every kind's loops into one
+# object (1.2 MB of machine code for linear_par; the default model's first run compiled for two
+# minutes). Each entry below is made for the kinds it is given by a factory whose closure holds
+# them: Numba takes a closure's variables as compile-time literals (as it does globals), its
+# cache keys the entry on them, and rows_kernel's overload then types only those kinds' loops.
+# A model compiles and loads only the kinds it holds.
 @functools.cache
 def linear_for(kind: int):
     """`linear` for one kind: (w, x, out, tile, mode)."""

@@ -19,6 +19,7 @@ A GGUF carries no tokenizer.json: it stores the vocabulary, each token's type an
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 
@@ -240,14 +241,15 @@ def cached_merges(tokens: list, scores: list, vocab: dict) -> list[tuple[str, st
     except (OSError, ValueError, EOFError):
         pass  # not there yet, or not whole: computed again below
     merges = _merges(tokens, scores, vocab)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         with open(partial, "wb") as f:
             np.save(f, np.array([(vocab[a], vocab[b]) for a, b in merges], np.int32).reshape(-1, 2))
         os.replace(partial, path)  # readers see the whole file or none
     except OSError:
-        pass
+        with contextlib.suppress(OSError):  # a full disk leaves no partial file behind
+            partial.unlink(missing_ok=True)
     return merges
 
 
