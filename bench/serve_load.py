@@ -17,6 +17,10 @@ generates exactly --max-tokens tokens. Scenarios:
          the server's RSS before, after one burst and after a second.
   itl    the load scenario on pool with OMP_WAIT_POLICY passive / active and --threads 1 / 2:
          inter-token latency with the event loop busy streaming to the clients.
+  turns  an agent-like workload: 4 clients x 5 turns over a shared ~1,300-token system prompt,
+         the whole history resent every turn, against llama.cpp's own llama-server (built by
+         ../shared/bin/llama-server.sh) with the same --parallel; and a newcomer whose system
+         prompt a busy slot holds. Prefix reuse is what it measures.
 Per run: aggregate generated tok/s (all tokens / wall time, prefill included), aggregate decode
 tok/s (tokens after each stream's first / the time some stream was between its first token and
 its last: the other prompts' prefill steps fall inside it), "all decoding" tok/s (tokens in the
@@ -309,7 +313,135 @@ def scenario_itl(args, bias):
             print(rows[-1].line())
 
 
-SCENARIOS = {"load": scenario_load, "join": scenario_join, "burst": scenario_burst, "itl": scenario_itl}
+def system_prompt(words: int = 1000) -> str:
+    """An agent's long system prompt (about 1,300 SmolLM2 tokens at the default): instructions
+    and a tool list, the same for every client."""
+    tools = [f"- tool_{i}(query: string, limit: integer): looks up {w} records in the archive and "
+             f"returns the matching rows as JSON, newest first." for i, w in
+             enumerate("orders invoices shipments customers products suppliers refunds returns".split())]
+    body = " ".join((TEXT * 20).split()[:words - 40 * len(tools) // 2])
+    return "You are a careful assistant for a bakery's back office.\n" + "\n".join(tools) + "\n" + body
+
+
+QUESTIONS = ["What does tool_0 return?", "Which tool finds refunds?", "Summarise the history in one line.",
+             "Name two tools.", "What did people first do with grain?", "Which tool looks up suppliers?"]
+
+
+async def conversation(c, model: str, system: str, client_no: int, turns: int, max_tokens: int,
+                       bias: dict) -> list[dict]:
+    """One client's chat: the whole history resent every turn. Per turn: TTFT, cached tokens."""
+    messages = [{"role": "system", "content": system}]
+    out = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"(client {client_no}) {QUESTIONS[(client_no + turn) % len(QUESTIONS)]}"})
+        t0 = time.perf_counter()
+        ttft, parts, usage = None, [], None
+        stream = await c.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
+                                                 temperature=0, logit_bias=bias, stream=True,
+                                                 stream_options={"include_usage": True})
+        async for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            if chunk.choices and chunk.choices[0].delta.content:
+                ttft = ttft if ttft is not None else time.perf_counter() - t0
+                parts.append(chunk.choices[0].delta.content)
+        details = getattr(usage, "prompt_tokens_details", None) if usage else None
+        out.append(dict(turn=turn, ttft=ttft, prompt=usage.prompt_tokens if usage else None,
+                        cached=getattr(details, "cached_tokens", None) if details else None))
+        messages.append({"role": "assistant", "content": "".join(parts)})
+    return out
+
+
+async def turns_run(url: str, clients: int, turns: int, max_tokens: int, bias: dict):
+    c = client(url)
+    system = system_prompt()
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(conversation(c, "bench", system, i, turns, max_tokens, bias)
+                                     for i in range(clients)))
+    wall = time.perf_counter() - t0
+    await c.close()
+    return wall, [r for conv in results for r in conv]
+
+
+async def newcomer(url: str, max_tokens: int, bias: dict) -> tuple[float, float]:
+    """TTFT of a new client while another streams with the system prompt in its busy slot: with
+    the same system prompt, and (cold) with one that shares nothing."""
+    c = client(url)
+    system = system_prompt()
+
+    async def ask(sys_text, q, n):
+        t0 = time.perf_counter()
+        stream = await c.chat.completions.create(model="bench", max_tokens=n, temperature=0, logit_bias=bias,
+                                                 stream=True, messages=[{"role": "system", "content": sys_text},
+                                                                        {"role": "user", "content": q}])
+        ttft = None
+        async for chunk in stream:
+            if ttft is None and chunk.choices and chunk.choices[0].delta.content:
+                ttft = time.perf_counter() - t0
+        return ttft
+
+    out = []
+    for other in (system, system.replace("bakery", "mill").replace("a ", "one ")[::-1]):
+        busy = asyncio.create_task(ask(system, "Describe every tool at length.", 400))
+        await asyncio.sleep(3.0)  # its prompt is in and it is decoding
+        out.append(await ask(other, "Which tool finds refunds?", 8))
+        busy.cancel()
+        await asyncio.sleep(0.5)
+    await c.close()
+    return out[0], out[1]
+
+
+def llama_server_cmd(args, port: int, parallel: int, per_slot: int) -> list[str]:
+    import shlex
+    binary = subprocess.run(["bash", str(Path(__file__).parents[2] / "shared/bin/llama-server.sh")],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    threads = str(args.threads or os.cpu_count())
+    return shlex.split(f"{binary} -m {args.model} --port {port} --host 127.0.0.1 -t {threads} -tb {threads} "
+                       f"--parallel {parallel} -c {parallel * per_slot} --alias bench --no-webui")
+
+
+def turns_report(label: str, wall: float, rows: list[dict]) -> None:
+    first = [r["ttft"] for r in rows if r["turn"] == 0]
+    later = [r["ttft"] for r in rows if r["turn"] > 0]
+    cached = sum(r["cached"] or 0 for r in rows)
+    prompt = sum(r["prompt"] or 0 for r in rows)
+    by_turn = " ".join(f"{np.median([r['ttft'] for r in rows if r['turn'] == t]) * 1e3:.0f}"
+                       for t in sorted({r["turn"] for r in rows}))
+    print(f"{label:<28} total {wall:6.1f} s  TTFT turn 1 median {np.median(first) * 1e3:6.0f} ms, "
+          f"turns 2+ median {np.median(later) * 1e3:6.0f} ms ({np.median(later) / np.median(first):.2f}x turn 1); "
+          f"by turn {by_turn} ms; cached {cached} of {prompt} prompt tokens")
+
+
+def scenario_turns(args, bias):
+    """4 clients x 5 turns, a shared ~1,300-token system prompt, the whole history resent every
+    turn, against llama.cpp's own llama-server with the same --parallel (cache_prompt on, its
+    default); then a newcomer sharing the system prompt held in a busy slot, against one that
+    shares nothing."""
+    clients, turns, n, per_slot = 4, 5, 48, 2048
+
+    def measure(label, cmd, port):
+        with server(cmd, port=port) as (url, _):
+            asyncio.run(load(url, "bench", ["Hi"], 4, bias, "warm-up"))
+            wall, rows = asyncio.run(turns_run(url, clients, turns, n, bias))
+            shared, cold = asyncio.run(newcomer(url, n, bias))
+        turns_report(label, wall, rows)
+        print(f"{'':<28} newcomer beside a busy slot: shared system prompt {shared * 1e3:.0f} ms, "
+              f"cold {cold * 1e3:.0f} ms ({shared / cold:.2f}x)")
+        return wall, np.median([r["ttft"] for r in rows if r["turn"]])
+
+    port = free_port()
+    cmd = inferno_cmd(args, port)
+    cmd[cmd.index("--parallel") + 1], cmd[cmd.index("--ctx-size") + 1] = str(clients), str(per_slot)
+    ours = measure("inferno", cmd, port)
+    if args.peer:
+        port = free_port()
+        peer = measure("llama-server", llama_server_cmd(args, port, clients, per_slot), port)
+        print(f"{'':<28} inferno / llama-server: total {ours[0] / peer[0]:.2f}x, "
+              f"TTFT turns 2+ {ours[1] / peer[1]:.2f}x")
+
+
+SCENARIOS = {"load": scenario_load, "join": scenario_join, "burst": scenario_burst, "itl": scenario_itl,
+             "turns": scenario_turns}
 
 
 def main(argv=None) -> int:

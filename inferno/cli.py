@@ -72,6 +72,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", type=float,
                    help=f"penalise repeated tokens; 1 is off {model(d.repeat_penalty)}")
     p.add_argument("--seed", type=int, default=None, help="random seed; same seed, same output (default: random)")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="end the reply where this text appears (cut off); repeat for several")
     p.add_argument("--system", default=None, help="system message for the chat template")
     p.add_argument("--no-think", action="store_true", help="switch Qwen3 thinking off (enable_thinking=False)")
     p.add_argument("--ctx-size", "-c", type=int, default=None,
@@ -185,6 +187,8 @@ def check_flags(args) -> None:
     SamplingParams(**given, seed=args.seed)
     check_max_tokens(args.max_tokens)
     check_ctx_size(args.ctx_size)
+    if args.stop and not all(args.stop):
+        raise InfernoError("--stop takes non-empty text", params=("stop",))
 
 
 def load_engine(args, trace: bool = False):
@@ -210,11 +214,11 @@ def sampling_options(args) -> dict:
     """The generation flags as Engine.stream options (None: the model's default)."""
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                 top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                seed=args.seed)
+                seed=args.seed, stop=tuple(args.stop or ()))
 
 
 def format_stats(r) -> str:
-    cut = " (stopped at --max-tokens)" if r.stop_reason == "length" else ""
+    cut = {"length": " (stopped at --max-tokens)", "stop": " (stopped at a --stop string)"}.get(r.stop_reason, "")
     return "\n".join([
         f"prefill: {r.prompt_tokens} prompt tokens, time to first token {r.ttft_s * 1e3:.1f} ms, "
         f"{r.prefill_tokens_per_s:.1f} tokens/s",

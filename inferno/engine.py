@@ -24,7 +24,9 @@ from inferno.model.gguf_file import file_type_name
 from inferno.model.loader import Checkpoint, open_checkpoint
 from inferno.model.decoder import DecoderModel
 from inferno.model.resolve import alias_sampling, resolve
-from inferno.model.sampling import SamplingDefaults, SamplingParams, sample
+from inferno.model.sampling import SamplingDefaults
+from inferno.scheduler import Scheduler, Slots
+from inferno.sequence import Options, Sequence, TokenLogprob
 
 
 @dataclass
@@ -37,9 +39,10 @@ class GenerationResult:
     prefill_tokens_per_s: float
     decode_tokens_per_s: float  # tokens after the first, per second of decoding
     peak_memory_bytes: int
-    stop_reason: str  # "eos" or "length"
+    stop_reason: str  # "eos", "stop" (a stop string) or "length"
     decode_s: float = 0.0
     cached_tokens: int = 0  # prompt tokens a Session's cache already held: not prefilled again
+    logprobs: list[TokenLogprob] | None = None  # with logprobs=True: one per generated token
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,16 +64,32 @@ class Stream:
 class Session:
     """A conversation's KV cache, kept between calls to `Engine.stream(..., session=s)`.
 
-    Each call prefills only the prompt tokens after the longest prefix the cache already holds
-    (the previous turns, as the chat template renders them again), then decodes as usual.
+    It is one slot of the generation loop's cache (scheduler.Slots), grown as the conversation
+    does: each call prefills only the prompt tokens after the longest prefix the slot already
+    holds (the previous turns, as the chat template renders them again), then decodes as usual.
     """
 
     def __init__(self):
-        self.cache = None
-        self.ids: list[int] = []  # the tokens whose K/V the cache holds, in order
+        self.slots: Slots | None = None
+        self._engine = None  # the engine whose model wrote the rows: reuse never crosses models
+
+    @property
+    def cache(self):
+        return self.slots.cache if self.slots else None
+
+    @property
+    def ids(self) -> list[int]:
+        """The tokens whose K/V the cache holds, in order."""
+        return self.slots.tokens[0] if self.slots else []
 
     def clear(self) -> None:
-        self.cache, self.ids = None, []
+        if self.slots is not None:
+            self.slots.clear()
+
+    def _slots(self, engine: "Engine", capacity: int) -> Slots:
+        if self.slots is None or self._engine is not engine:
+            self.slots, self._engine = engine.new_slots(1, capacity, growable=True), engine
+        return self.slots
 
 
 class Engine:
@@ -102,10 +121,13 @@ class Engine:
         self.load_s = load_s + time.perf_counter() - t0
 
     # -- public API -----------------------------------------------------------------------------
-    def logits(self, token_ids) -> np.ndarray:
-        """Logits [len(token_ids), vocab] from one full uncached forward pass, float32."""
-        ids = self._check_ids(token_ids)
-        return self.ops.to_numpy(self.model.forward(ids))
+    def logits(self, token_ids, *, cached: bool = False) -> np.ndarray:
+        """Logits [len(token_ids), vocab] from one full forward pass, float32: uncached (keys
+        and values kept in float32), or with `cached` through a KV cache of the engine's
+        cache type, as generation computes them (an f16 cache rounds the keys it stores)."""
+        ids = self.check_ids(token_ids)
+        cache = self.model.new_cache(max(1, ids.size)) if cached else None
+        return self.ops.to_numpy(self.model.forward(ids, cache))
 
     def encode_prompt(self, prompt: str | list[dict], *, system: str | None = None,
                       think: bool = True, raw: bool = False) -> list[int]:
@@ -126,11 +148,8 @@ class Engine:
 
     def generate(self, prompt: str | list[dict], *, on_text: Callable[[str], None] | None = None,
                  **options) -> GenerationResult:
-        """Generate a reply. Options: max_tokens, temperature, top_k, top_p, min_p,
-        repeat_penalty, seed, system, think, raw, ctx_size. A sampling option left out (or None)
-        takes the model's default (engine.sampling: its generation config, else llama.cpp's).
-        `on_text` receives each piece of text as soon as it is complete (never half a UTF-8
-        character)."""
+        """Generate a reply; the options are stream's. `on_text` receives each piece of text as
+        soon as it is complete (never half a UTF-8 character)."""
         stream = self.stream(prompt, **options)
         for piece in stream:
             if on_text is not None:
@@ -140,18 +159,50 @@ class Engine:
     def stream(self, prompt: str | list[dict] | None = None, *, prompt_ids: list[int] | None = None,
                max_tokens: int = 256, system: str | None = None, think: bool = True,
                raw: bool = False, ctx_size: int | None = None, session: Session | None = None,
-               **sampling) -> Stream:
-        """Like generate, as an iterator of text pieces; `.result` holds the stats afterwards.
-        With a `session`, the KV cache of earlier calls is reused for the prompt's shared prefix."""
-        params = self.sampling.params(**sampling)
-        check_max_tokens(max_tokens)
+               stop: str | list[str] | tuple[str, ...] = (), presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
+               logprobs: bool = False, top_logprobs: int = 0, **sampling) -> Stream:
+        """Generate a reply as an iterator of text pieces; `.result` holds the stats afterwards.
+
+        Sampling: temperature, top_k, top_p, min_p, repeat_penalty, seed; one left out (or None)
+        takes the model's default (engine.sampling: its generation config, else llama.cpp's).
+        `stop` strings end the reply (the match is cut off); `presence_penalty`,
+        `frequency_penalty` and `logit_bias` ({token id: added to its logit}) as OpenAI's;
+        `logprobs` records each token's log-probability (and `top_logprobs` alternatives) in
+        result.logprobs. With a `session`, the KV cache of earlier calls is reused for the
+        prompt's shared prefix. This runs the same generation loop as the server
+        (scheduler.py), with this one sequence in it."""
+        options = self.options(max_tokens=max_tokens, stop=stop, presence_penalty=presence_penalty,
+                               frequency_penalty=frequency_penalty, logit_bias=logit_bias,
+                               logprobs=logprobs, top_logprobs=top_logprobs, **sampling)
         if prompt_ids is None:
             prompt_ids = self.encode_prompt(prompt, system=system, think=think, raw=raw)
-        ids = self._check_ids(prompt_ids)
+        ids = self.check_ids(prompt_ids)
         if ids.size == 0:
             raise InfernoError(EMPTY_PROMPT)
         self._check_fits(ids.size, max_tokens, ctx_size)
-        return Stream(self._generate(ids, max_tokens, params, session))
+        need = ids.size + max_tokens
+        slots = session._slots(self, need) if session is not None else self.new_slots(1, need)
+        seq = Sequence(ids.tolist(), options, self.tokenizer, self.eos)
+        return Stream(self._generate(seq, slots, need))
+
+    def new_slots(self, count: int, capacity: int, *, growable: bool = False) -> Slots:
+        """`count` KV cache slots of `capacity` positions for the generation loop (Scheduler),
+        each remembering the tokens it holds, for prefix reuse."""
+        return Slots(self.model, count, capacity, growable=growable)
+
+    def options(self, *, max_tokens: int = 256, stop=(), presence_penalty: float = 0.0,
+                frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
+                logprobs: bool = False, top_logprobs: int = 0, seed: int | None = None,
+                **sampling) -> Options:
+        """One generation's Options, checked: what stream takes, as the server builds them."""
+        stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        bias = tuple((int(t), float(b)) for t, b in (logit_bias or {}).items())
+        opts = Options(max_tokens=max_tokens, sampling=self.sampling.params(seed=seed, **sampling),
+                       stop=stop, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                       logit_bias=bias, logprobs=logprobs, top_logprobs=top_logprobs)
+        opts.check(self.config.vocab_size)
+        return opts
 
     def close(self) -> None:
         self.ops.close()
@@ -189,96 +240,53 @@ class Engine:
         raise InfernoError(f"{over} exceeds the model's context of {model_max} tokens: lower "
                            f"max_tokens or shorten the prompt", params=("max_tokens",))
 
-    def _check_ids(self, token_ids) -> np.ndarray:
+    def check_ids(self, token_ids) -> np.ndarray:
+        """Token ids as int64 [n], each checked against the vocabulary."""
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
             raise InfernoError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
         return ids
 
-    def _session_cache(self, session: Session, ids: np.ndarray, capacity: int):
-        """The session's cache cut back to the prefix it shares with `ids` and grown to hold
-        `capacity` positions; returns (cache, start), start being the first position to feed."""
-        same = 0
-        for a, b in zip(session.ids, ids.tolist()):
-            if a != b:
-                break
-            same += 1
-        start = min(same, ids.size - 1)  # feed at least one token: its logits start the reply
-        old = session.cache
-        if old is None:
-            session.cache = self.model.new_cache(capacity)
-        elif old.capacity < capacity:
-            # Double when growing, so a long chat reallocates O(log n) times; the model's
-            # context bounds it.
-            doubled = min(2 * old.capacity, self.config.max_position_embeddings)
-            session.cache = self.model.new_cache(max(capacity, doubled))
-            for layer in range(len(old.k)) if start else ():  # copy the shared prefix over
-                for dst, src in ((session.cache.k, old.k), (session.cache.v, old.v)):
-                    self.ops.write_kv(dst[layer], 0, 0, self.ops.read_kv(src[layer], 0, 0, start))
-        session.cache.length = start  # rows past `start` are stale; the next forward overwrites them
-        session.ids = session.ids[:start]
-        return session.cache, start
-
-    def _generate(self, ids: np.ndarray, max_tokens: int, params: SamplingParams,
-                  session: Session | None = None):
-        ops, model = self.ops, self.model
-        rng = np.random.default_rng(params.seed)
-        eos = self.eos
-        decoder = self.tokenizer.stream()
-        if session is None:
-            cache, start, fed = model.new_cache(ids.size + max_tokens), 0, []
-        else:
-            cache, start = self._session_cache(session, ids, ids.size + max_tokens)
-            fed = session.ids  # kept in step with the cache, even if this generator is abandoned
-        history = ids.tolist()
-
+    def _generate(self, seq: Sequence, slots: Slots, need: int):
+        ops = self.ops
+        loop = Scheduler(self, slots)  # no chunk limit: a lone prompt prefills in one step
+        loop.add([seq])
+        pieces, lps = [], []
+        waited = 0.0  # time the consumer held a piece: not decode time
         ops.synchronize()
         t0 = time.perf_counter()
-        logits = ops.to_numpy(model.forward(ids[start:], cache, last_only=True))[0]
-        fed.extend(history[start:])
-        token = sample(logits, params, rng, history)
-        t_first = time.perf_counter()
-        sampled = [token]
-        emitted = []
-        waited = 0.0  # time the consumer held a piece: not decode time
-        while token not in eos and len(sampled) < max_tokens:
-            piece = decoder.step(token)
-            if piece:
-                emitted.append(piece)
-                t_out = time.perf_counter()
-                yield piece
-                waited += time.perf_counter() - t_out
-            history.append(token)
-            logits = ops.to_numpy(model.forward([token], cache, last_only=True))[0]
-            fed.append(token)
-            token = sample(logits, params, rng, history)
-            sampled.append(token)
+        try:
+            while loop.busy:
+                for _, event in loop.step():
+                    if event.error:
+                        raise InfernoError(f"generation failed: {event.error}")
+                    lps += event.logprobs or ()
+                    if event.text:
+                        pieces.append(event.text)
+                        t_out = time.perf_counter()
+                        yield event.text
+                        waited += time.perf_counter() - t_out
+        finally:
+            loop.cancel_all()  # an abandoned stream frees its slot; the rows it wrote stay claimed
         t_end = time.perf_counter()
-        stop_reason = "eos" if token in eos else "length"
-        generated = sampled[:-1] if stop_reason == "eos" else sampled
-        streamed = "".join(emitted)
-        # The stream holds back the bytes of an unfinished character. At the end, what the full
-        # decode has beyond the streamed text goes out, except a character the stop cut in half
-        # (decoded as U+FFFD): it is dropped, so neither the stream nor result.text is garbled
-        # and the pieces always add up to result.text.
-        tail = self.tokenizer.decode(generated)[len(streamed):].rstrip("\ufffd")
-        if tail:
-            yield tail
-        text = streamed + tail
+        t_first = seq.first_token_time
         ttft = t_first - t0
         decode_s = t_end - t_first - waited
+        decoded = len(seq.sampled) - 1
+        stop_reason = "length" if seq.finish_reason == "length" else "eos" if seq.hit_eos else "stop"
         return GenerationResult(
-            text=text,
-            token_ids=generated,
-            prompt_tokens=int(ids.size),
-            generated_tokens=len(generated),
+            text="".join(pieces),
+            token_ids=list(seq.generated),
+            prompt_tokens=len(seq.prompt),
+            generated_tokens=len(seq.generated),
             ttft_s=ttft,
-            prefill_tokens_per_s=(ids.size - start) / ttft if ttft > 0 else float("inf"),
-            decode_tokens_per_s=(len(sampled) - 1) / decode_s if decode_s > 0 and len(sampled) > 1 else 0.0,
+            prefill_tokens_per_s=(len(seq.prompt) - seq.cached) / ttft if ttft > 0 else float("inf"),
+            decode_tokens_per_s=decoded / decode_s if decode_s > 0 and decoded > 0 else 0.0,
             peak_memory_bytes=ops.peak_memory_bytes(),
             stop_reason=stop_reason,
             decode_s=decode_s,
-            cached_tokens=start,
+            cached_tokens=seq.cached,
+            logprobs=lps if seq.options.logprobs else None,
         )
 
 

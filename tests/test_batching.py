@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import inferno
-import inferno.serve.sequence
+import inferno.sequence
 from inferno.model.decoder import Segment
 from inferno.model.sampling import SamplingParams
 from inferno.serve import BatchEngine, Options
-from inferno.serve.sequence import held_back
+from inferno.sequence import held_back
 
 GREEDY = SamplingParams(temperature=0, top_k=0, top_p=1, min_p=0)
 BACKENDS = [("cpu", {}), ("simd", {}), ("pool", {"threads": 2}), ("torch", {"device": "cpu"})]
@@ -115,7 +115,7 @@ def test_a_loader_runs_on_the_batch_thread_and_its_errors_reach_the_caller(qwen3
 
 def forced(monkeypatch, tokens):
     it = iter(tokens)
-    monkeypatch.setattr(inferno.serve.sequence, "sample", lambda *args, **kwargs: next(it))
+    monkeypatch.setattr(inferno.sequence, "sample", lambda *args, **kwargs: next(it))
 
 
 def run(engine, ids, opts):
@@ -166,7 +166,7 @@ def test_logprobs_are_the_raw_log_softmax(engine):
     ids = engine.encode_prompt("hi")
     events = run(engine, ids, Options(max_tokens=1, sampling=GREEDY, logprobs=True, top_logprobs=3))
     (lp,) = events[-1].logprobs
-    logits = engine.logits(ids)[-1].astype(np.float64)
+    logits = engine.logits(ids, cached=True)[-1].astype(np.float64)  # keys read back from its f16 cache
     want = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
     assert lp.token_id == int(np.argmax(logits)) == lp.top[0][0]
     np.testing.assert_allclose(lp.logprob, want[lp.token_id], atol=1e-5)

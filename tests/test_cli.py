@@ -134,3 +134,17 @@ def test_help_shows_defaults():
     for text in ("--max-tokens", "(default: 256)", "--top-p", "(default: the model's, else 0.95)",
                  "--backend"):
         assert text in words
+
+
+def test_stop_flag_repeats_and_cuts_the_reply(qwen3_dir):
+    engine = inferno.load(qwen3_dir, progress=False)
+    whole = engine.generate("Hello there", max_tokens=12, temperature=0).text
+    assert len(whole) > 4
+    cut = whole[2:4]
+    want = engine.generate("Hello there", max_tokens=12, temperature=0, stop=["@@", cut]).text
+    p = cli("generate", "-m", qwen3_dir, "-p", "Hello there", "-n", 12, "-t", 0, "--stop", "@@", "--stop", cut)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == want + "\n" and len(want) <= 2
+    assert "(stopped at a --stop string)" in p.stderr
+    p = cli("generate", "-m", qwen3_dir, "-p", "Hello there", "--stop", "")
+    assert p.returncode == 1 and "--stop takes non-empty text" in p.stderr

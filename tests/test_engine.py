@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import inferno
-import inferno.engine
+import inferno.sequence
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +17,7 @@ def engine(qwen3_dir):
 def forced(monkeypatch, tokens):
     """Make the sampler emit `tokens` in order, whatever the logits."""
     it = iter(tokens)
-    monkeypatch.setattr(inferno.engine, "sample", lambda *args, **kwargs: next(it))
+    monkeypatch.setattr(inferno.sequence, "sample", lambda *args, **kwargs: next(it))
 
 
 def test_a_character_cut_by_the_token_limit_is_not_printed(engine, monkeypatch):
@@ -54,7 +55,7 @@ def test_same_seed_same_text(engine):
 def test_cache_is_sized_for_the_request_not_the_model(engine, monkeypatch):
     sizes = []
     new_cache = engine.model.new_cache
-    monkeypatch.setattr(engine.model, "new_cache", lambda n: sizes.append(n) or new_cache(n))
+    monkeypatch.setattr(engine.model, "new_cache", lambda n, **kw: sizes.append(n) or new_cache(n, **kw))
     result = engine.generate("hi", max_tokens=7, temperature=0)
     assert sizes == [result.prompt_tokens + 7] and sizes[0] < engine.config.max_position_embeddings
 
@@ -131,3 +132,40 @@ def test_decode_bytes_follow_the_weight_dtype(qwen3_dir, engine):
     assert engine.weight_bytes_per_token == 4 * elements
     bf16 = inferno.load(qwen3_dir, backend="torch", device="cpu", dtype="bf16", progress=False)
     assert bf16.weight_bytes_per_token == 2 * elements
+
+
+def test_stop_strings_cut_the_reply(engine, monkeypatch):
+    ids = engine.tokenizer.encode("Paris is big. Rome", add_special_tokens=False)
+    forced(monkeypatch, ids + [5] * 20)
+    result = engine.generate("hi", max_tokens=20, stop=[" is", "xyz"])
+    assert result.text == "Paris" and result.stop_reason == "stop"
+    forced(monkeypatch, ids + [5] * 20)
+    assert engine.generate("hi", max_tokens=20, stop=". R").text == "Paris is big"
+    with pytest.raises(inferno.InfernoError, match="stop takes non-empty strings"):
+        engine.generate("hi", stop=[""])
+
+
+def test_the_servers_options_reach_the_python_api(engine):
+    """logit_bias, penalties and logprobs, as the server has them: the same text as the batch
+    engine given the same Options, and logprobs that are the log-softmax of generation's logits."""
+    from inferno.model.sampling import SamplingParams
+    from inferno.serve import BatchEngine, Options
+    greedy = dict(temperature=0, top_k=0, top_p=1, min_p=0)
+    plain = engine.generate("hi", max_tokens=6, logprobs=True, top_logprobs=2, **greedy)
+    banned = engine.generate("hi", max_tokens=6, logit_bias={plain.token_ids[0]: -100}, **greedy)
+    assert banned.token_ids[0] != plain.token_ids[0]
+    ids = engine.encode_prompt("hi")
+    logits = engine.logits(ids, cached=True)[-1].astype(np.float64)
+    lse = logits.max() + np.log(np.exp(logits - logits.max()).sum())
+    assert len(plain.logprobs) == plain.generated_tokens
+    assert plain.logprobs[0].token_id == plain.token_ids[0] and len(plain.logprobs[0].top) == 2
+    assert plain.logprobs[0].logprob == pytest.approx(logits[plain.token_ids[0]] - lse, abs=1e-5)
+    penalised = dict(presence_penalty=1.5, frequency_penalty=0.7)
+    alone = engine.generate("hi", max_tokens=12, **penalised, **greedy)
+    with BatchEngine(engine, parallel=2, ctx_size=64) as batch:
+        events = list(batch.submit(ids, Options(max_tokens=12, sampling=SamplingParams(**greedy), **penalised)))
+    assert "".join(e.text for e in events) == alone.text
+    with pytest.raises(inferno.InfernoError, match="top_logprobs must be between 0 and 20"):
+        engine.generate("hi", logprobs=True, top_logprobs=50)
+    with pytest.raises(inferno.InfernoError, match="logit_bias: a token id is out of range"):
+        engine.generate("hi", logit_bias={10**6: 1.0})

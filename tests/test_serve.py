@@ -165,7 +165,8 @@ def test_logprobs(client, engine):
     r = client.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=3, **GREEDY)
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens  # no EOS: the reply ran to max_tokens
-    logits = engine.logits(engine.encode_prompt(MESSAGES))[-1].astype(np.float64)
+    # cached: keys read back from a cache of the server's type (f16 on pool), as generation does
+    logits = engine.logits(engine.encode_prompt(MESSAGES), cached=True)[-1].astype(np.float64)
     lse = logits.max() + np.log(np.exp(logits - logits.max()).sum())
     first = content[0]
     assert first.logprob == pytest.approx(logits.max() - lse, abs=1e-5)

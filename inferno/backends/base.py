@@ -31,7 +31,7 @@ OPS = (
     "embedding", "linear", "linear_many", "matmul", "rms_norm", "rope_tables", "apply_rope",
     "silu_mul", "gelu_mul", "add", "softmax_rows", "scale", "transpose_2d",
     "fill_strict_upper_tri", "copy_2d_from_cols", "copy_2d_into_cols", "rows", "take_rows", "write_rows",
-    "write_kv", "write_kv_rows", "read_kv", "flash_attention_prefill", "materialized_attention",
+    "write_kv", "write_kv_rows", "read_kv", "copy_kv", "flash_attention_prefill", "materialized_attention",
     "decode_attention",
 )
 
@@ -209,6 +209,13 @@ class Backend:
         """Positions start..stop of one slot as float32 [stop - start, width] (a chunk's prefill
         after a cache reads the cached rows through this)."""
         return cache_types.decode(buf[slot, start:stop])
+
+    def copy_kv(self, dst, dst_slot: int, src, src_slot: int, start: int, stop: int) -> None:
+        """dst[dst_slot, start:stop] = src[src_slot, start:stop], elements as stored (no
+        conversion: a copied prefix is the same rows bit for bit). dst and src are buffers of
+        one cache type and width; they may be the same buffer (another slot's prefix)."""
+        if stop > start:
+            dst[dst_slot, start:stop] = src[src_slot, start:stop]
 
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,

@@ -228,9 +228,14 @@ class DecoderModel:
             parts.append((0, ops.decode_attention(ops.rows(q, 0, batch.n_decode), cache.k[i], cache.v[i],
                                                   batch.slots, batch.kv_lens, nh, nkv, hd,
                                                   window=window, scale=scale)))
+        # A cache that rounds (f16, bf16, q8_0) is read back even for a chunk's own keys: every
+        # query then sees the stored rows, so a prompt's logits do not depend on how it was cut
+        # into chunks or how much of it a slot already held (prefix reuse), and decode sees the
+        # same keys as the prefill did.
+        rounds = cache.cache_type != "f32"
         for j in range(batch.n_decode, len(batch.segments)):
             s, n = batch.segments[j], batch.segments[j].ids.size
-            if s.start == 0:
+            if s.start == 0 and not rounds:
                 ks, vs = ops.rows(k, r[j], r[j + 1]), ops.rows(v, r[j], r[j + 1])
             else:
                 # A chunk after a cache: attend over the cached rows too, from the first key the

@@ -34,7 +34,7 @@ from inferno.backends import DEFAULT_BACKEND
 from inferno.errors import InfernoError
 from inferno.serve.metrics import Metrics
 from inferno.serve.protocol import APIError, ChatRequest, CompletionRequest, Response, TokenText, usage
-from inferno.serve.scheduler import BatchEngine, Closed, Handle, QueueFull
+from inferno.serve.batch import BatchEngine, Closed, Handle, QueueFull
 
 log = logging.getLogger("inferno.serve")
 
@@ -71,9 +71,9 @@ class ServerConfig:
     def load(self, metrics: Metrics) -> BatchEngine:
         from inferno.engine import load
         # pool keeps its own defaults (every core, OpenMP's spinning workers): with the engine
-        # on one thread (scheduler.py) they served 8 streams best here; see bench/RESULTS.md.
+        # on one thread (batch.py) they served 8 streams best here; see bench/RESULTS.md.
         options = dict(self.backend_options)
-        # Loaded on the batch's own thread, which then runs every step (scheduler.py: one
+        # Loaded on the batch's own thread, which then runs every step (batch.py: one
         # OpenMP team on pool).
         return BatchEngine(lambda: load(self.model, backend=self.backend, flash=self.flash,
                                         cache_type=self.cache_type, weights=self.weights,
@@ -107,7 +107,7 @@ class State:
             e = batch.engine
             log.info("load: %.2f s (%s, %s backend); %d slots x %d positions, KV cache %.0f MiB",
                      time.perf_counter() - t0, e.source, e.backend, batch.parallel, batch.ctx_size,
-                     batch.cache.nbytes() / 2**20)
+                     batch.cache_bytes / 2**20)
         self.loaded.set()
 
     def ready(self) -> BatchEngine:
@@ -263,15 +263,17 @@ async def stream(resp: Response, handle: Handle, include_usage: bool):
             opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                         "finish_reason": None} for i in range(handle.n)]
             yield sse({**resp.envelope(opening, stream=True), **extra})
-        completion_tokens = 0
+        completion_tokens = cached_tokens = 0
         async for ev in handle:
             if ev.error:
                 yield sse(APIError(500, f"generation failed: {ev.error}", kind="server_error").body())
                 return
             completion_tokens += ev.completion_tokens
+            cached_tokens += ev.cached_tokens
             yield sse({**resp.envelope([resp.chunk_choice(ev)], stream=True), **extra})
         if include_usage:
-            yield sse({**resp.envelope([], stream=True), "usage": usage(handle.prompt_tokens, completion_tokens)})
+            yield sse({**resp.envelope([], stream=True),
+                       "usage": usage(handle.prompt_tokens, completion_tokens, cached_tokens)})
         yield "data: [DONE]\n\n"
     finally:
         handle.cancel()  # the client went away (the generator is cancelled), or a choice failed

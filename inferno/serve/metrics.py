@@ -35,7 +35,8 @@ class Metrics:
     def __init__(self):
         self.lock = threading.Lock()
         self.requests: dict[str, int] = {}  # HTTP status -> count
-        self.prompt_tokens = 0
+        self.prompt_tokens = 0  # prefilled
+        self.prompt_tokens_cached = 0  # taken from a slot's cache instead (prefix reuse)
         self.generated_tokens = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
@@ -52,6 +53,9 @@ class Metrics:
                  [f'inferno_requests_total{{status="{s}"}} {n}' for s, n in sorted(self.requests.items())]),
                 ("inferno_prompt_tokens_total", "counter", "prompt tokens prefilled",
                  [f"inferno_prompt_tokens_total {self.prompt_tokens}"]),
+                ("inferno_prompt_tokens_cached_total", "counter",
+                 "prompt tokens whose K/V came from a slot's cache (prefix reuse), not prefilled",
+                 [f"inferno_prompt_tokens_cached_total {self.prompt_tokens_cached}"]),
                 ("inferno_generation_tokens_total", "counter", "tokens generated",
                  [f"inferno_generation_tokens_total {self.generated_tokens}"]),
                 ("inferno_time_to_first_token_seconds", "histogram",

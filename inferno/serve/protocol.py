@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferno.model.sampling import SamplingDefaults
-from inferno.serve.sequence import Event, Options, TokenLogprob
+from inferno.sequence import Event, Options, TokenLogprob
 
 
 class APIError(Exception):
@@ -183,13 +183,16 @@ class Response:
             else:
                 choices.append(self.chunk_choice(merged))
         body = self.envelope(choices, stream=False)
-        body["usage"] = usage(prompt_tokens, sum(e.completion_tokens for e in events))
+        body["usage"] = usage(prompt_tokens, sum(e.completion_tokens for e in events),
+                              sum(e.cached_tokens for e in events))
         return body
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; `cached_tokens`: prompt tokens whose K/V a slot already held."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 class TokenText:

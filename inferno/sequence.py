@@ -1,10 +1,11 @@
-"""One sequence of a request in the batch: its prompt, its sampler, and the text it has streamed.
+"""One sequence in the generation loop: its prompt, its sampler, and the text it has streamed.
 
-A Sequence lives on the scheduler's thread. Each step feeds it (a prompt chunk, or its last
-token), and once its prompt is in the cache each step's logits row goes to `accept`, which
-samples the next token with the request's own settings and generator and returns an Event when
-there is something to say: whole characters of new text (never half a UTF-8 character, never
-the start of what may become a stop string), the finish, or both.
+Every generation is a Sequence, whether `Engine.generate` runs it alone or the server batches it
+with others (scheduler.py). Each step feeds it (a prompt chunk, or its last token), and once its
+prompt is in the cache each step's logits row goes to `accept`, which samples the next token
+with the sequence's own settings and generator and returns an Event when there is something to
+say: whole characters of new text (never half a UTF-8 character, never the start of what may
+become a stop string), the finish, or both.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from inferno.errors import InfernoError
 from inferno.model.sampling import SamplingParams, sample
 
 
@@ -28,6 +30,19 @@ class Options:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: bool = False  # each token's log-probability under the raw logits
     top_logprobs: int = 0  # and the k likeliest alternatives
+
+    def check(self, vocab_size: int) -> None:
+        """The values no sampler can take, as one error naming the option."""
+        if self.max_tokens < 1:
+            raise InfernoError(f"max_tokens must be at least 1, got {self.max_tokens}", params=("max_tokens",))
+        if self.top_logprobs and not 0 < self.top_logprobs <= 20:
+            raise InfernoError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}",
+                               params=("top_logprobs",))
+        if any(not 0 <= t < vocab_size for t, _ in self.logit_bias):
+            raise InfernoError(f"logit_bias: a token id is out of range for a vocabulary of {vocab_size}",
+                               params=("logit_bias",))
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise InfernoError("stop takes non-empty strings", params=("stop",))
 
 
 @dataclass
@@ -50,17 +65,24 @@ class Event:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0  # on the final event: all generated tokens, the EOS excepted
+    cached_tokens: int = 0  # on the final event: prompt tokens whose K/V came from the cache
 
 
 class Sequence:
-    def __init__(self, handle, index: int, prompt: list[int], options: Options, tokenizer,
-                 eos: frozenset[int], arrival: float):
-        self.handle, self.index, self.prompt, self.options = handle, index, prompt, options
+    """`owner` is whoever waits for the events (the server's request handle); `index` the
+    choice number within it, which also offsets the seed so that n choices differ."""
+
+    def __init__(self, prompt: list[int], options: Options, tokenizer, eos: frozenset[int], *,
+                 index: int = 0, owner=None, arrival: float = 0.0):
+        self.owner, self.index, self.prompt, self.options = owner, index, prompt, options
         seed = options.sampling.seed
         self.rng = np.random.default_rng(None if seed is None else seed + index)
         self.tokenizer, self.eos = tokenizer, eos
         self.slot: int | None = None
         self.pos = 0  # tokens the slot holds: the prompt's first `pos`, then the generated ones
+        self.cached = 0  # prompt tokens whose K/V came from the cache rather than a prefill
+        self.cancelled = False  # set from any thread; the scheduler retires it at its next step
+        self.shared: dict[Sequence, int] = {}  # the scheduler's: prompt tokens shared with others
         self.sampled: list[int] = []  # every sampled token, the EOS included
         self.generated: list[int] = []  # the ones that are text
         self._decoder = tokenizer.stream()
@@ -71,7 +93,9 @@ class Sequence:
         self._lps: list[TokenLogprob] = []
         self._counts: dict[int, int] = {}  # generated token -> count, for the penalties
         self.finish_reason: str | None = None
+        self.hit_eos = False  # finished by an end-of-sequence token (not a stop string)
         self.arrival = arrival
+        self.first_token_time: float | None = None
         self.last_token_time: float | None = None
 
     @property
@@ -99,6 +123,7 @@ class Sequence:
         if opts.logprobs:
             self._lps.append(token_logprob(logits, token, opts.top_logprobs))
         if token in self.eos:
+            self.hit_eos = True
             return self._text("", final="stop")
         self.generated.append(token)
         self._counts[token] = self._counts.get(token, 0) + 1
@@ -155,6 +180,7 @@ class Sequence:
         self._ids, self._lps = [], []
         if finish:
             ev.prompt_tokens, ev.completion_tokens = len(self.prompt), len(self.generated)
+            ev.cached_tokens = self.cached
         return ev
 
 

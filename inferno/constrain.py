@@ -1,0 +1,212 @@
+"""Constrained output: JSON schemas, grammars and regexes turned into token masks by llguidance.
+
+One `Grammars` per engine holds llguidance's view of the tokenizer (its token trie, built once
+from the `tokenizers` JSON, for byte-level BPE and SentencePiece alike). `compile` checks and
+compiles a request's constraint once; each sequence gets a `Matcher`, which follows the tokens
+sampled. Per decode step the sampler fills one bitmask row per sequence (`fill_masks`, the whole
+batch in one call into llguidance's thread pool), and sets disallowed logits to -inf
+(`apply_mask`). A mask is int32 words, bit i of the array = token i allowed.
+
+EOS: llguidance knows the model's eos ids, so the mask allows them exactly when the grammar may
+end, and only them once it must end (`is_stopped`); consuming an allowed EOS is accepted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache, cached_property
+
+import llguidance as llg
+import numpy as np
+from llguidance.gbnf_to_lark import any_to_lark
+
+from inferno.errors import InfernoError, one_line
+
+# JSON whitespace: at most 20 characters where JSON allows it (llama.cpp bounds it the same way);
+# unbounded, a weak model can fill its whole budget with newlines inside a constrained object.
+JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,20}"}
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled constraint: `template` is a matcher at the start, copied for each sequence."""
+    kind: str  # the parameter it came from: json_schema, grammar, regex, lark, json_object
+    text: str  # llguidance's grammar (JSON text)
+    template: llg.LLMatcher
+
+
+class Grammars:
+    """Compiles constraints for one tokenizer. `vocab_size` is the model's logits width, which
+    can exceed the tokenizer's vocabulary (padded embeddings): ids without a token are never
+    allowed. `eos_ids` defaults to the tokenizer's."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids=None):
+        eos = [int(i) for i in (tokenizer.eos_ids if eos_ids is None else eos_ids)]
+        if not eos:
+            raise InfernoError("constrained output needs the model's end-of-sequence token, and "
+                               "this tokenizer names none")
+        self.eos_ids = tuple(eos)
+        self.vocab_size = int(vocab_size)
+        self.tokenizer = tokenizer
+        self.mask_width = max(self.vocab_size, tokenizer.vocab_size)  # ids the masks cover
+        self._cache: dict[tuple[str, str], Grammar] = {}
+
+    @cached_property
+    def lltok(self) -> llg.LLTokenizer:
+        """llguidance's tokenizer, built on first use: ~1 s for a 150k vocabulary, holding the
+        GIL, so a server that will constrain should touch it at load."""
+        try:
+            return llg.LLTokenizer(self.tokenizer.hf.to_str(), n_vocab=self.mask_width,
+                                   eos_token=list(self.eos_ids))
+        except Exception as e:  # a vocabulary llguidance cannot read
+            raise InfernoError(f"constrained output is unavailable for this tokenizer: {one_line(e)}") from None
+
+    @cached_property
+    def special_tokens(self) -> dict[str, int]:
+        """Added tokens like <tool_call> or <think>, text -> id: whole tokens to llguidance,
+        never text, so a grammar names them as <tool_call>; a quoted "<tool_call>" would be
+        spelled out of plain tokens instead. (Added tokens that are not <...>, such as Gemma's
+        runs of spaces, are text to llguidance.)"""
+        return {t.content: i for i, t in self.tokenizer.hf.get_added_tokens_decoder().items()
+                if i < self.mask_width and self.lltok.is_special_token(i)}
+
+    def compile(self, *, json_schema: dict | str | None = None, grammar: str | None = None,
+                regex: str | None = None, lark: str | None = None, json_object: bool = False) -> Grammar:
+        """Exactly one constraint: a JSON Schema, a GBNF grammar (llama.cpp's; Lark text is
+        accepted too), a regex, llguidance's Lark, or any JSON object. Raises InfernoError naming
+        the parameter and what is wrong with it."""
+        given = {k: v for k, v in dict(json_schema=json_schema, grammar=grammar, regex=regex,
+                                       lark=lark).items() if v is not None}
+        if json_object:
+            given["json_object"] = {"type": "object"}  # any object, extra properties allowed
+        if len(given) != 1:
+            raise InfernoError(f"give one constraint, not {len(given)}: {', '.join(given) or 'none'}",
+                               params=tuple(given))
+        kind, source = next(iter(given.items()))
+        if kind in ("json_schema", "json_object"):
+            if isinstance(source, str):
+                try:
+                    source = json.loads(source)
+                except json.JSONDecodeError as e:
+                    raise InfernoError(f"json_schema is not valid JSON: {e}", params=(kind,)) from None
+            if not isinstance(source, (dict, bool)):
+                raise InfernoError(f"json_schema must be a JSON object, not {type(source).__name__}",
+                                   params=(kind,))
+            source = json.dumps(source, sort_keys=False)
+        elif not isinstance(source, str):
+            raise InfernoError(f"{kind} must be text, not {type(source).__name__}", params=(kind,))
+        key = (kind, source)
+        if key not in self._cache:
+            if len(self._cache) >= 256:  # requests repeat their schemas; a bound keeps it small
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = self._compile(kind, source)
+        return self._cache[key]
+
+    def _compile(self, kind: str, source: str) -> Grammar:
+        what = {"json_schema": "JSON Schema", "json_object": "JSON Schema", "grammar": "GBNF grammar",
+                "regex": "regex", "lark": "Lark grammar"}[kind]
+        try:
+            if kind in ("json_schema", "json_object"):
+                text = llg.LLMatcher.grammar_from_json_schema(source, defaults=JSON_OPTIONS)
+            elif kind == "grammar":
+                text = llg.LLMatcher.grammar_from_lark(any_to_lark(source))
+            elif kind == "regex":
+                text = llg.LLMatcher.grammar_from_regex(source)
+            else:
+                text = llg.LLMatcher.grammar_from_lark(source)
+        except Exception as e:  # the GBNF converter's parse errors, a schema that is not an object
+            raise InfernoError(f"{kind}: not a valid {what}: {one_line(e)}", params=(kind,)) from None
+        # Building the matcher compiles and checks everything (llguidance reports, never raises).
+        template = llg.LLMatcher(self.lltok, text, log_level=0)
+        if template.is_error():
+            raise InfernoError(f"{kind}: not a valid {what} (or one llguidance does not support): "
+                               f"{one_line(template.get_error())}", params=(kind,))
+        return Grammar(kind, text, template)
+
+    def matcher(self, grammar: Grammar) -> "Matcher":
+        return Matcher(grammar.template.deep_copy(), self.eos_ids)
+
+    def allocate(self, n: int) -> np.ndarray:
+        return allocate(n, self.mask_width)
+
+
+class Matcher:
+    """One sequence's place in its grammar."""
+
+    def __init__(self, m: llg.LLMatcher, eos_ids: tuple[int, ...]):
+        self._m = m
+        self.eos_ids = eos_ids
+
+    def consume(self, token: int) -> None:
+        """Advance by a sampled token; an EOS is accepted where the grammar may end."""
+        if not self._m.consume_token(int(token)):
+            raise InfernoError(f"token {int(token)} is not allowed by the grammar: {self.error}")
+
+    def is_stopped(self) -> bool:
+        """Complete, and nothing can follow: only EOS is allowed (also true after an error)."""
+        return self._m.is_stopped()
+
+    def is_accepting(self) -> bool:
+        """The output so far is complete: EOS is allowed (more may be too)."""
+        return self._m.is_accepting()
+
+    @property
+    def error(self) -> str | None:
+        return one_line(self._m.get_error()) if self._m.is_error() else None
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar forces next (`{"name": "` after `{`): could skip forward passes."""
+        return self._m.compute_ff_tokens()
+
+    def rollback(self, n: int) -> None:
+        self._m.rollback(n)
+
+    def fill(self, bitmask: np.ndarray, row: int = 0) -> None:
+        fill_masks([self], bitmask[row:row + 1])
+
+
+def allocate(n: int, vocab: int) -> np.ndarray:
+    """An all-allowed mask for n rows. # [n, ceil(vocab / 32)] int32"""
+    return np.full((n, (vocab + 31) // 32), -1, dtype=np.int32)
+
+
+@cache
+def _executor() -> llg.LLExecutor:
+    return llg.LLExecutor()  # llguidance's own thread pool, shared by every engine
+
+
+def fill_masks(matchers: list[Matcher | None], bitmask: np.ndarray) -> None:
+    """Row i of `bitmask` [n, words] gets matchers[i]'s allowed tokens; a None row allows all.
+    The Rust side computes the rows in parallel without the GIL. A matcher in an error state
+    (a grammar too complex to follow, say) gets a row that allows only EOS, to end it."""
+    assert bitmask.dtype == np.int32 and bitmask.ndim == 2 and bitmask.flags["C_CONTIGUOUS"]
+    assert len(matchers) <= bitmask.shape[0]
+    rows = [(m._m, i) for i, m in enumerate(matchers) if m is not None]
+    for i, m in enumerate(matchers):
+        if m is None:
+            bitmask[i] = -1
+    if len(rows) == 1:  # no pool round trip for one sequence
+        m, i = rows[0]
+        m.unsafe_compute_mask_ptr(bitmask[i].ctypes.data, bitmask.shape[1] * 4)
+    elif rows:
+        _executor().unsafe_compute_mask_ptr(rows, bitmask.ctypes.data, bitmask.shape[1] * 4,
+                                            bitmask.shape[0])
+    for i, m in enumerate(matchers):
+        if m is not None and m._m.is_error():
+            bits = np.zeros(32 * bitmask.shape[1], dtype=bool)  # [words * 32]
+            bits[[e for e in m.eos_ids if e < bits.size]] = True
+            bitmask[i] = np.packbits(bits, bitorder="little").view("<i4")
+
+
+def apply_mask(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """`logits` with -inf where `mask` disallows. logits [..., vocab], mask [..., words] int32;
+    ids past the mask's 32 * words bits are disallowed, mask bits past vocab are ignored."""
+    vocab = logits.shape[-1]
+    # The words as little-endian bytes: bit i of the array is bit i % 8 of byte i // 8.
+    as_bytes = np.ascontiguousarray(mask, dtype="<i4").view(np.uint8)  # [..., words * 4]
+    # count= truncates to the logits' width, or pads with zeros (disallowed) up to it.
+    allowed = np.unpackbits(as_bytes, axis=-1, count=vocab, bitorder="little")  # [..., vocab] 0/1
+    # log(1) = 0, log(0) = -inf: an add, 4x faster than np.where on a mixed mask.
+    with np.errstate(divide="ignore"):
+        return logits + np.log(allowed, dtype=np.float32)

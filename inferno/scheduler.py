@@ -1,0 +1,288 @@
+"""The one generation loop: sequences in KV cache slots, and a step that admits, runs and
+retires them (nano-vllm's scheduler, with chunked prefill and prefix reuse).
+
+    slots = Slots(engine.model, count=4, capacity=2048)
+    loop = Scheduler(engine, slots, chunk=256)
+    loop.add([Sequence(ids, options, engine.tokenizer, engine.eos)])
+    while loop.busy:
+        for seq, event in loop.step(): ...
+
+`Engine.generate` runs one sequence through it (the batch of one, the whole prompt in one step);
+the server's BatchEngine runs it on its own thread for every request. Each step:
+  1. retire the cancelled, and give waiting sequences free slots, each with the longest cached
+     prefix of its prompt (see Slots);
+  2. one forward pass (model.step) over every running sequence: one token each for those
+     decoding, and for those still prefilling up to `chunk` prompt tokens in all, oldest first,
+     so a long prompt enters over several steps and the running streams never stall behind it;
+  3. sample each sequence's next token from its own row, with its own settings and generator;
+  4. retire the finished, keeping the tokens their slots hold for the next prompt.
+
+An exception in a step fails only the sequence that raised it: the step is rerun one sequence
+at a time, which rewrites the same cache rows, and the ones that fail again are retired. A
+failed segment's rows are never offered to a later prompt: a slot's tokens grow only after the
+forward that wrote their rows returned.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+
+import numpy as np
+
+from inferno.model.decoder import Segment
+from inferno.sequence import Event, Sequence
+
+log = logging.getLogger("inferno.serve")
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+class Slots:
+    """KV cache slots that remember which tokens' rows they hold.
+
+    A slot keeps its tokens after its sequence ends. A new prompt takes the free slot whose
+    tokens share the longest prefix with it, else the least recently used one, as llama.cpp's
+    server does; and when another slot, busy or free, holds a longer prefix, those rows are
+    copied over (a copy is far cheaper than a prefill), so clients that share a system prompt
+    prefill it once. Rows are the same whichever slot holds them: every cache position is kept
+    (sliding windows are loop bounds in attention, not a ring buffer), so this holds for
+    Gemma 3's windowed layers too.
+
+    `growable` (a Session's single slot): the cache is reallocated, twice as large, when a
+    prompt needs more positions than it has, up to the model's context."""
+
+    def __init__(self, model, count: int, capacity: int, *, growable: bool = False):
+        self.model, self.growable = model, growable
+        self.cache = model.new_cache(capacity, slots=count)
+        self.tokens: list[list[int]] = [[] for _ in range(count)]  # rows each slot holds, in order
+        self.busy = [False] * count
+        self.used = [0] * count  # when each slot was last taken: least recently used goes first
+        self._clock = itertools.count(1)
+
+    @property
+    def count(self) -> int:
+        return len(self.tokens)
+
+    def free(self) -> int:
+        return self.busy.count(False)
+
+    def take(self, prompt: list[int], need: int) -> tuple[int, int]:
+        """A free slot for `prompt` (with room for `need` positions), holding as long a prefix of
+        it as any slot can give: (slot, prompt tokens already in it). At least the prompt's
+        last token is left to feed: its logits start the reply."""
+        free = [s for s in range(self.count) if not self.busy[s]]
+        shared = {s: min(common_prefix(self.tokens[s], prompt), len(prompt) - 1) for s in free}
+        slot = max(free, key=lambda s: (shared[s], -self.used[s]))  # ties: the least recently used
+        self.busy[slot], self.used[slot] = True, next(self._clock)
+        self.truncate(slot, shared[slot])
+        if need > self.cache.capacity:
+            self._grow(need)
+        return slot, self.borrow(slot, prompt)
+
+    def borrow(self, slot: int, prompt: list[int]) -> int:
+        """Copy into `slot` the rows of the longest prefix of `prompt` another slot holds beyond
+        what `slot` has; returns how many prompt tokens `slot` now holds."""
+        have = len(self.tokens[slot])
+        best, donor = have, None
+        for s in range(self.count):
+            if s != slot and len(self.tokens[s]) > best:
+                n = min(common_prefix(self.tokens[s], prompt), len(prompt) - 1)
+                if n > best:
+                    best, donor = n, s
+        if donor is not None:
+            ops, cache = self.model.ops, self.cache
+            for bufs in (cache.k, cache.v):
+                for buf in bufs:
+                    ops.copy_kv(buf, slot, buf, donor, have, best)
+            self.tokens[slot] = self.tokens[donor][:best]
+            cache.lengths[slot] = best
+        return best
+
+    def wrote(self, slot: int, start: int, ids) -> None:
+        """The forward that wrote `ids`' rows at `start` returned: the slot holds them now."""
+        tokens = self.tokens[slot]
+        assert len(tokens) == start, (len(tokens), start)
+        tokens.extend(int(t) for t in ids)
+
+    def truncate(self, slot: int, n: int) -> None:
+        del self.tokens[slot][n:]
+        self.cache.lengths[slot] = n
+
+    def release(self, slot: int) -> None:
+        self.busy[slot] = False
+
+    def clear(self) -> None:
+        for slot in range(self.count):
+            self.truncate(slot, 0)
+
+    def _grow(self, need: int) -> None:
+        """A cache of at least `need` positions (double the old, so a long chat reallocates
+        O(log n) times), with every slot's rows copied over."""
+        old = self.cache
+        if not self.growable:
+            raise ValueError(f"{need} positions exceed the slots' {old.capacity}")
+        capacity = max(need, min(2 * old.capacity, self.model.cfg.max_position_embeddings))
+        self.cache = self.model.new_cache(capacity, slots=self.count)
+        ops = self.model.ops
+        for bufs_new, bufs_old in ((self.cache.k, old.k), (self.cache.v, old.v)):
+            for new, buf in zip(bufs_new, bufs_old):
+                for slot, tokens in enumerate(self.tokens):
+                    if tokens:
+                        ops.copy_kv(new, slot, buf, slot, 0, len(tokens))
+        self.cache.lengths = [len(t) for t in self.tokens]
+
+
+class Scheduler:
+    """Runs sequences in `slots`, step by step, on the calling thread. `chunk` caps the prompt
+    tokens prefilled per step (None: a whole prompt at once, for a generation alone)."""
+
+    def __init__(self, engine, slots: Slots, chunk: int | None = None, on_token=None):
+        """`on_token(seq, gap)`, if given, hears of each token sampled: `gap` is the seconds
+        since the sequence's previous token, None for its first (the server's latency metrics)."""
+        self.model, self.slots, self.chunk, self.on_token = engine.model, slots, chunk, on_token
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.steps = 0
+        self.left_waiting = 0  # sequences that left the queue: given a slot, or cancelled there
+        self.prompt_computed = 0  # prompt tokens prefilled
+        self.prompt_cached = 0  # prompt tokens whose rows came from a slot's cache
+        self.generated = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def add(self, seqs: list[Sequence]) -> None:
+        self.waiting.extend(seqs)
+
+    def step(self) -> list[tuple[Sequence, Event]]:
+        """One step; the events it produced, in order."""
+        events: list[tuple[Sequence, Event]] = []
+        for seq in [s for s in itertools.chain(self.running, self.waiting) if s.cancelled and not s.finished]:
+            events.append((seq, seq.finish("cancelled")))
+        self._retire()
+        while self.waiting and self.slots.free():
+            seq = self.waiting.popleft()
+            self.left_waiting += 1
+            seq.slot, seq.pos = self.slots.take(seq.prompt, len(seq.prompt) + seq.options.max_tokens)
+            self._reused(seq, seq.pos)
+            self.running.append(seq)
+
+        batch = self._plan()
+        if not batch:
+            return events
+        self.steps += 1
+        for seq, seg, row in self._forward(batch, events):
+            self.slots.wrote(seq.slot, seg.start, seg.ids)
+            seq.pos += seg.ids.size
+            if seg.start < len(seq.prompt):
+                self.prompt_computed += seg.ids.size
+            if seq.prefilling:
+                continue
+            try:
+                event = seq.accept(row)
+            except Exception as e:  # a sampler or detokenizer fault: this sequence only
+                self._fail(seq, e, events)
+                continue
+            self.generated += 1
+            now, before = time.perf_counter(), seq.last_token_time
+            seq.last_token_time = now
+            if before is None:
+                seq.first_token_time = now
+            if self.on_token is not None:
+                self.on_token(seq, None if before is None else now - before)
+            if event is not None:
+                events.append((seq, event))
+        self._retire()
+        return events
+
+    def cancel_all(self) -> list[tuple[Sequence, Event]]:
+        events = [(s, s.finish("cancelled")) for s in itertools.chain(self.running, self.waiting) if not s.finished]
+        for seq in self.running:
+            self.slots.release(seq.slot)
+        self.running, self.waiting = [], deque()
+        return events
+
+    # -- internals ------------------------------------------------------------------------------
+    def _plan(self) -> list[tuple[Sequence, Segment]]:
+        batch, budget = [], self.chunk if self.chunk is not None else float("inf")
+        for seq in self.running:  # decoding sequences: one token each
+            if not seq.prefilling:
+                batch.append((seq, Segment(seq.next_ids(1), seq.slot, seq.pos)))
+        ahead: list[Sequence] = []  # prefilling sequences already given a chunk this step
+        for seq in self.running:  # then prompt chunks, oldest first, within the budget
+            if seq.prefilling and budget > 0:
+                # Rows another sequence wrote since this one was admitted (a shared system
+                # prompt, prefilled by the client ahead of it) are copied, not recomputed; and
+                # while one ahead is still writing them, this one waits for them.
+                got = self.slots.borrow(seq.slot, seq.prompt)
+                if got > seq.pos:
+                    self._reused(seq, got - seq.pos)
+                    seq.pos = got
+                if any(o.pos < self._shared(o, seq) and self._shared(o, seq) > seq.pos for o in ahead):
+                    continue
+                ahead.append(seq)
+                ids = seq.next_ids(int(min(budget, len(seq.prompt) - seq.pos)))
+                budget -= ids.size
+                last = seq.pos + ids.size == len(seq.prompt)  # only the last chunk samples
+                batch.append((seq, Segment(ids, seq.slot, seq.pos, logits=last)))
+        return batch
+
+    @staticmethod
+    def _shared(a: Sequence, b: Sequence) -> int:
+        """Prompt tokens two sequences share (prompts do not change: computed once a pair)."""
+        if b not in a.shared:
+            a.shared[b] = min(common_prefix(a.prompt, b.prompt), len(b.prompt) - 1)
+        return a.shared[b]
+
+    def _reused(self, seq: Sequence, n: int) -> None:
+        seq.cached += n
+        self.prompt_cached += n
+
+    def _forward(self, batch, events):
+        """(sequence, segment, logits row) for each item whose forward pass succeeded."""
+        model, cache = self.model, self.slots.cache
+        try:
+            out = model.step([seg for _, seg in batch], cache)
+            rows = iter(model.ops.to_numpy(out) if out is not None else ())
+            return [(seq, seg, next(rows) if seg.logits else None) for seq, seg in batch]
+        except Exception as e:
+            if len(batch) == 1:
+                self._fail(batch[0][0], e, events)
+                return []
+            log.warning("a batched step failed (%s): rerunning its %d sequences one by one", e, len(batch))
+        done = []
+        for seq, seg in batch:
+            try:
+                out = model.step([seg], cache)
+                done.append((seq, seg, model.ops.to_numpy(out)[0] if seg.logits else None))
+            except Exception as e:
+                self._fail(seq, e, events)
+        return done
+
+    def _fail(self, seq: Sequence, e: Exception, events: list) -> None:
+        log.error("a sequence failed: %s: %s", type(e).__name__, e, exc_info=e)
+        # Its rows past what the slot already held may be half written: they are not claimed.
+        self.slots.truncate(seq.slot, len(self.slots.tokens[seq.slot]))
+        events.append((seq, seq.finish("error", f"{type(e).__name__}: {e}")))
+
+    def _retire(self) -> None:
+        """Free the finished sequences' slots (their tokens stay) and forget the cancelled
+        waiting ones."""
+        for seq in self.running:
+            if seq.finished:
+                self.slots.release(seq.slot)
+        self.running = [s for s in self.running if not s.finished]
+        if any(s.finished for s in self.waiting):
+            self.left_waiting += sum(s.finished for s in self.waiting)
+            self.waiting = deque(s for s in self.waiting if not s.finished)
