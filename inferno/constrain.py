@@ -60,7 +60,8 @@ class Grammars:
             return llg.LLTokenizer(self.tokenizer.hf.to_str(), n_vocab=self.mask_width,
                                    eos_token=list(self.eos_ids))
         except Exception as e:  # a vocabulary llguidance cannot read
-            raise InfernoError(f"constrained output is unavailable for this tokenizer: {one_line(e)}") from None
+            raise InfernoError(f"constrained output is unavailable for this tokenizer: "
+                               f"{one_line(e)}") from None
 
     @cached_property
     def special_tokens(self) -> dict[str, int]:
@@ -93,7 +94,7 @@ class Grammars:
             if not isinstance(source, (dict, bool)):
                 raise InfernoError(f"json_schema must be a JSON object, not {type(source).__name__}",
                                    params=(kind,))
-            source = json.dumps(source, sort_keys=False)
+            source = json.dumps(source)
         elif not isinstance(source, str):
             raise InfernoError(f"{kind} must be text, not {type(source).__name__}", params=(kind,))
         key = (kind, source)
@@ -125,7 +126,7 @@ class Grammars:
         return Grammar(kind, text, template)
 
     def matcher(self, grammar: Grammar) -> "Matcher":
-        return Matcher(grammar.template.deep_copy(), self.eos_ids)
+        return Matcher(grammar.template.deep_copy(), self.eos_ids, (self.mask_width + 31) // 32)
 
     def allocate(self, n: int) -> np.ndarray:
         return allocate(n, self.mask_width)
@@ -134,9 +135,10 @@ class Grammars:
 class Matcher:
     """One sequence's place in its grammar."""
 
-    def __init__(self, m: llg.LLMatcher, eos_ids: tuple[int, ...]):
+    def __init__(self, m: llg.LLMatcher, eos_ids: tuple[int, ...], words: int):
         self._m = m
         self.eos_ids = eos_ids
+        self.words = words  # of its mask rows
 
     def consume(self, token: int) -> None:
         """Advance by a sampled token; an EOS is accepted where the grammar may end."""
@@ -178,25 +180,19 @@ def _executor() -> llg.LLExecutor:
 
 def fill_masks(matchers: list[Matcher | None], bitmask: np.ndarray) -> None:
     """Row i of `bitmask` [n, words] gets matchers[i]'s allowed tokens; a None row allows all.
-    The Rust side computes the rows in parallel without the GIL. A matcher in an error state
-    (a grammar too complex to follow, say) gets a row that allows only EOS, to end it."""
+    The rows are computed in parallel, without the GIL (a forward pass can run meanwhile). A
+    stopped matcher, or one in an error state (a grammar too complex to follow), allows only
+    EOS, which ends it."""
     assert bitmask.dtype == np.int32 and bitmask.ndim == 2 and bitmask.flags["C_CONTIGUOUS"]
-    assert len(matchers) <= bitmask.shape[0]
     rows = [(m._m, i) for i, m in enumerate(matchers) if m is not None]
     for i, m in enumerate(matchers):
         if m is None:
             bitmask[i] = -1
-    if len(rows) == 1:  # no pool round trip for one sequence
-        m, i = rows[0]
-        m.unsafe_compute_mask_ptr(bitmask[i].ctypes.data, bitmask.shape[1] * 4)
-    elif rows:
+        else:
+            assert bitmask.shape[1] == m.words, "allocate masks with Grammars.allocate"
+    if rows:
         _executor().unsafe_compute_mask_ptr(rows, bitmask.ctypes.data, bitmask.shape[1] * 4,
                                             bitmask.shape[0])
-    for i, m in enumerate(matchers):
-        if m is not None and m._m.is_error():
-            bits = np.zeros(32 * bitmask.shape[1], dtype=bool)  # [words * 32]
-            bits[[e for e in m.eos_ids if e < bits.size]] = True
-            bitmask[i] = np.packbits(bits, bitorder="little").view("<i4")
 
 
 def apply_mask(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:

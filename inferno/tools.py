@@ -46,7 +46,8 @@ def functions(tools) -> list[dict]:
             raise InfernoError("each of tools needs a function with a name", params=("tools",))
         params = fn.get("parameters") or {"type": "object"}
         if not isinstance(params, dict):
-            raise InfernoError(f"tool {fn['name']}: parameters must be a JSON Schema object", params=("tools",))
+            raise InfernoError(f"tool {fn['name']}: parameters must be a JSON Schema object",
+                               params=("tools",))
         out.append({"name": fn["name"], "description": fn.get("description", ""), "parameters": params})
     return out
 
@@ -183,7 +184,7 @@ class StreamParser:
         return self.content.push(text)
 
     def _advance(self, final: bool) -> list[Delta]:
-        return {"hermes": self._hermes, "llama3": self._llama3, "generic": self._generic}[self.format](final)
+        return getattr(self, "_" + self.format)(final)
 
     def _hermes(self, final: bool) -> list[Delta]:
         out = []
@@ -191,9 +192,9 @@ class StreamParser:
             if self.state != "call":
                 i = self.buf.find(OPEN)
                 if i < 0:  # hold back a tail that could start <tool_call>
-                    keep = 0 if final else next((k for k in range(min(len(OPEN) - 1, len(self.buf)), 0, -1)
-                                                 if OPEN.startswith(self.buf[-k:])), 0)
-                    return out + self._text(len(self.buf) - keep)
+                    longest = min(len(OPEN) - 1, len(self.buf))
+                    keep = next((k for k in range(longest, 0, -1) if OPEN.startswith(self.buf[-k:])), 0)
+                    return out + self._text(len(self.buf) - (0 if final else keep))
                 out += self._text(i)
                 self.buf, self.state = self.buf[len(OPEN):], "call"
             j = self.buf.find(CLOSE)
@@ -263,109 +264,98 @@ class StreamParser:
         return [d for c in calls for d in self._emit(c)]
 
 
-# -- grammars (llguidance Lark, for constrain.Grammars.compile(lark=...)) -----------------------------
-def _calls_schema(format: str, tools) -> dict:
-    """One call to any of `tools`: its name, then arguments valid for that tool."""
-    key = "parameters" if format == "llama3" else "arguments"
-    variants = [{"type": "object", "properties": {"name": {"const": f["name"]}, key: f["parameters"]},
-                 "required": ["name", key], "additionalProperties": False} for f in functions(tools)]
-    if not variants:
-        raise InfernoError("tool_choice needs at least one tool in tools", params=("tools", "tool_choice"))
-    return variants[0] if len(variants) == 1 else {"anyOf": variants}
-
-
+# -- grammars (llguidance Lark, for constrain.Grammars.compile(lark=...)) -------------------------
 def _json(schema: dict) -> str:
     # lenient: a keyword llguidance does not implement (an unknown "format") is ignored in a
     # tool's parameters rather than failing the request.
     return "%json " + json.dumps({"x-guidance": {**JSON_OPTIONS, "lenient": True}, **schema})
 
 
-def _free_text(grammars, tags) -> tuple[str, str]:
-    """Rules for free text: (text, text ending in a special token). Special tokens other than
-    the tags and EOS (<think>, </think>) are allowed in it: to llguidance they are not text."""
+def _one_call(format: str, tools) -> dict:
+    """The schema of one call to any of `tools`: its name, then arguments valid for that tool."""
+    key = "parameters" if format == "llama3" else "arguments"
+    variants = [{"type": "object", "properties": {"name": {"const": f["name"]}, key: f["parameters"]},
+                 "required": ["name", key], "additionalProperties": False} for f in functions(tools)]
+    if not variants:
+        raise InfernoError("tool_choice needs a tool in tools", params=("tools", "tool_choice"))
+    return variants[0] if len(variants) == 1 else {"anyOf": variants}
+
+
+def _specials(grammars, tags) -> str | None:
+    """A token rule for the special tokens free text may hold (<think>, </think>): to
+    llguidance they are not text. None where there are none."""
     if grammars is None:
-        return "TEXT", ""
-    ids = sorted(i for t, i in grammars.special_tokens.items() if t not in tags and i not in grammars.eos_ids)
-    if not ids:
-        return "TEXT", ""
-    ranges, start = [], ids[0]
-    for a, b in zip(ids, ids[1:] + [None]):
-        if b != a + 1:
-            ranges.append(f"{start}" if start == a else f"{start}-{a}")
-            start = b
-    special = "<[" + ",".join(ranges) + "]>"
-    return f"TEXT ({special} TEXT)*", f"(TEXT {special})*"
+        return None
+    eos = grammars.eos_ids
+    ids = sorted(i for t, i in grammars.special_tokens.items() if t not in tags and i not in eos)
+    ranges = []
+    for i in ids:  # runs as first-last
+        if ranges and ranges[-1][1] == i - 1:
+            ranges[-1][1] = i
+        else:
+            ranges.append([i, i])
+    return "<[" + ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges) + "]>" if ids else None
 
 
 def _grammar(format: str, tools, parallel: bool, free: bool, grammars=None) -> str:
-    schema = _calls_schema(format, tools)
-    specials = grammars.special_tokens if grammars is not None else frozenset()
-    tag = lambda t: t if t in specials else json.dumps(t)  # noqa: E731  a token, or text
-    text, text_special = _free_text(grammars, {OPEN, CLOSE, PYTHON_TAG})
-    head = "%llguidance {}\nTEXT: /(.|\\n)*/\n"
+    call = _one_call(format, tools)
+    specials = grammars.special_tokens if grammars is not None else {}
+    tag = lambda t: t if t in specials else json.dumps(t)  # noqa: E731  a whole token, or text
+    lark = "%llguidance {}\nTEXT: /(.|\\n)*/\n"
     if format == "generic":
-        if free:
-            schema = {"anyOf": [_generic_calls(schema, parallel), {
-                "type": "object", "properties": {"response": {"type": "string"}},
-                "required": ["response"], "additionalProperties": False}]}
-        else:
-            schema = _generic_calls(schema, parallel)
-        return head + f"start: {_json(schema)}\n"
+        calls = {"type": "object", "required": ["tool_calls"], "additionalProperties": False,
+                 "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1,
+                                               **({} if parallel else {"maxItems": 1})}}}
+        reply = {"type": "object", "properties": {"response": {"type": "string"}},
+                 "required": ["response"], "additionalProperties": False}
+        return lark + f"start: {_json({'anyOf': [calls, reply]} if free else calls)}\n"
     if format == "llama3":
-        # Free text may not start with "{": a reply that does is a call (llguidance's own recipe).
-        more = ' (/; ?/ call)*' if parallel else ""
+        # Free text may not start with "{": a reply that does is a call (llguidance's recipe).
+        start = "start: /[^{](.|\\n)*/ | calls\n" if free else "start: calls\n"
         py = f"{PYTHON_TAG}? " if PYTHON_TAG in specials else ""
-        start = f'start: /[^{{](.|\\n)*/ | calls\n' if free else "start: calls\n"
-        return head + start + f"calls: {py}call{more}\ncall: {_json(schema)}\n"
-    body = f'"\\n" {_json(schema)} "\\n" {tag(CLOSE)}'
+        more = " (/; ?/ call)*" if parallel else ""
+        return lark + start + f"calls: {py}call{more}\ncall: {_json(call)}\n"
+    lark += f'body: "\\n" {_json(call)} "\\n" {tag(CLOSE)}\n'
     more = f" (/\\n?/ {tag(OPEN)} body)*" if parallel else ""
-    if not free:  # a thinking model (Qwen3) may think first: <think> is a token there
+    special = _specials(grammars, (OPEN, CLOSE))
+    text = f"TEXT ({special} TEXT)*" if special else "TEXT"
+    if not free:  # a thinking model (Qwen3) may think first, where <think> is a token
         think = "(<think> TEXT </think> /\\s*/)? " if {"<think>", "</think>"} <= set(specials) else ""
-        start = f"start: {think}{tag(OPEN)} body{more}\n"
-    elif OPEN in specials:  # free text can never contain the token: it starts the call
-        start = f"start: free | free {tag(OPEN)} body{more}\nfree: {text}\n"
-    else:  # lazy: the free text ends at the first "<tool_call>", and the call is constrained
-        start = (f"start: free | {text_special} open body{more}\nfree: {text}\n"
-                 f"open[lazy]: /(.|\\n)*{OPEN}/\n")
-    return head + start + f"body: {body}\n"
-
-
-def _generic_calls(call: dict, parallel: bool) -> dict:
-    calls = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
-    return {"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"],
-            "additionalProperties": False}
+        return lark + f"start: {think}{tag(OPEN)} body{more}\n"
+    if OPEN in specials:  # free text never holds the token: the call starts there
+        return lark + f"start: {text} ({OPEN} body{more})?\n"
+    # Lazy: free text ends at the first "<tool_call>" written, and the call after it is constrained.
+    before = f"(TEXT {special})* " if special else ""
+    return lark + f"start: {text} | {before}open body{more}\nopen[lazy]: /(.|\\n)*{OPEN}/\n"
 
 
 def required_grammar(format: str, tools, parallel: bool = True, grammars=None) -> str:
-    """The reply is one call (or, if parallel, one or more) to `tools`. `grammars` (the
-    engine's constrain.Grammars) says which tags are single tokens in the model's vocabulary;
-    without it they are text."""
-    return _grammar(format, tools, parallel, free=False, grammars=grammars)
+    """The reply is one call (if parallel, one or more) to `tools`. `grammars`, the engine's
+    constrain.Grammars, says which tags are whole tokens in the vocabulary; without it, text."""
+    return _grammar(format, tools, parallel, False, grammars)
 
 
 def named_grammar(format: str, tool, grammars=None) -> str:
     """The reply is one call to `tool`."""
-    return _grammar(format, [tool], False, free=False, grammars=grammars)
+    return _grammar(format, [tool], False, False, grammars)
 
 
 def auto_grammar(format: str, tools, parallel: bool = True, grammars=None) -> str:
-    """Free text, until the model opens a call: from there the call is constrained (hermes: at
-    `<tool_call>`, a token or, lazily, the text; llama3: a reply starting with `{`). The generic
-    format's reply is all JSON, so there it is constrained from the start."""
-    return _grammar(format, tools, parallel, free=True, grammars=grammars)
+    """Free text until the model opens a call, constrained from there: hermes at <tool_call>
+    (the token, or lazily the text), llama3 at a leading `{`. A generic reply is all JSON,
+    so it is constrained from the start."""
+    return _grammar(format, tools, parallel, True, grammars)
 
 
 def tool_choice_grammar(format: str, tools, tool_choice="auto", parallel: bool = True,
                         grammars=None) -> str | None:
-    """The grammar for an OpenAI request's tool_choice: None for "none" (or no tools)."""
+    """The grammar for a request's tool_choice: None for "none", or without tools."""
     if not tools or tool_choice == "none":
         return None
-    if tool_choice == "auto":
-        return auto_grammar(format, tools, parallel, grammars)
-    if tool_choice == "required":
-        return required_grammar(format, tools, parallel, grammars)
+    if tool_choice in ("auto", "required"):
+        return _grammar(format, tools, parallel, tool_choice == "auto", grammars)
     name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
     for f in functions(tools):
         if f["name"] == name:
             return named_grammar(format, f, grammars)
-    raise InfernoError(f"tool_choice names {name!r}, which is not one of tools", params=("tool_choice",))
+    raise InfernoError(f"tool_choice names {name!r}, which is not in tools", params=("tool_choice",))

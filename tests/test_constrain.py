@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import gguf
 import jsonschema
@@ -40,7 +39,10 @@ def make_vocabs(tmp_path_factory) -> dict[str, Tokenizer]:
     out = {"bpe_folder": Tokenizer.from_folder(folder)}
     w = gguf.GGUFWriter(str(folder / "vocab.gguf"), "llama")
     tiny_gguf._add_tokenizer(w, folder, len(fast) + 8, "gpt-2")
-    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     out["bpe_gguf"] = tokenizer_from_gguf(read_gguf(folder / "vocab.gguf").metadata, "bpe")
 
     spm = tmp_path_factory.mktemp("spm")
@@ -93,7 +95,8 @@ SCHEMA = {
     "properties": {
         "name": {"type": "string", "maxLength": 12},
         "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "tags": {"type": "array", "items": {"enum": ["red", "green", "a b"]}, "minItems": 1, "maxItems": 3},
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "a b"]},
+                 "minItems": 1, "maxItems": 3},
         "nickname": {"anyOf": [{"type": "string", "maxLength": 8}, {"type": "null"}]},
         "pet": {"anyOf": [
             {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
@@ -249,7 +252,8 @@ def test_fill_masks_for_a_batch_equals_one_fill_each(vocabs, grammars):
         m, mask = g.matcher(grammar), g.allocate(1)
         for _ in range(steps):  # each to its own place in its grammar
             m.fill(mask)
-            m.consume(int(rng.choice([t for t in allowed_ids(mask[0], g.vocab_size) if t not in g.eos_ids])))
+            allowed = [t for t in allowed_ids(mask[0], g.vocab_size) if t not in g.eos_ids]
+            m.consume(int(rng.choice(allowed)))
         matchers.append(m)
     batch = g.allocate(len(matchers) + 1)
     batch[-1] = 0
@@ -283,4 +287,5 @@ def test_ids_past_the_vocabulary_are_never_allowed(vocabs, kind):
 def test_special_tokens_are_the_added_ones_llguidance_treats_whole(vocabs, grammars):
     assert {"<|im_end|>", "<|im_start|>"} <= set(grammars["bpe_folder"].special_tokens)
     assert {"<s>", "</s>"} <= set(grammars["spm_gguf"].special_tokens)
-    assert grammars["bpe_folder"].special_tokens["<|im_end|>"] == vocabs["bpe_folder"].hf.token_to_id("<|im_end|>")
+    im_end = vocabs["bpe_folder"].hf.token_to_id("<|im_end|>")
+    assert grammars["bpe_folder"].special_tokens["<|im_end|>"] == im_end

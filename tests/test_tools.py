@@ -22,18 +22,22 @@ from inferno import constrain as C
 from inferno import tools as T
 from inferno.errors import InfernoError
 from inferno.model.tokenizer import Tokenizer
+from inferno.tools import CLOSE, OPEN
+
+def tool(name: str, properties: dict, required: list[str], **extra) -> dict:
+    return {"type": "function", "function": {"name": name, **extra, "parameters": {
+        "type": "object", "properties": properties, "required": required, "additionalProperties": False}}}
+
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "search", "parameters": {
-        "type": "object", "additionalProperties": False, "required": ["query"], "properties": {
-            "query": {"type": "string", "maxLength": 20}, "limit": {"type": "integer", "minimum": 1, "maximum": 10},
-            "site": {"type": "string", "format": "uri-reference", "maxLength": 16}}}}},  # a format llguidance lacks
+    tool("get_weather", {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+         ["city", "unit"], description="The weather in a city"),
+    tool("add", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a", "b"]),
+    tool("search", {"query": {"type": "string", "maxLength": 20},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 10},
+                    # a format llguidance lacks: ignored in tools, not an error
+                    "site": {"type": "string", "format": "uri-reference", "maxLength": 16}},
+         ["query"]),
 ]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
@@ -49,7 +53,7 @@ def vocabs(tmp_path_factory) -> dict[str, Tokenizer]:
     base = make_vocabs(tmp_path_factory)
     return {"bpe": base["bpe_folder"], "spm": base["spm_gguf"],
             # Qwen's vocabulary: the tags and think markers are added (non-special) tokens.
-            "qwen": with_added(base["bpe_folder"], ["<tool_call>", "</tool_call>", "<think>", "</think>"], False),
+            "qwen": with_added(base["bpe_folder"], [OPEN, CLOSE, "<think>", "</think>"], False),
             "llama3": with_added(base["bpe_folder"], ["<|python_tag|>"], True)}
 
 
@@ -95,7 +99,8 @@ def test_generic_system_prompt_lists_the_tools_and_both_replies():
 
 
 def test_functions_checks_and_fills_in():
-    assert T.functions([{"name": "now"}]) == [{"name": "now", "description": "", "parameters": {"type": "object"}}]
+    assert T.functions([{"name": "now"}]) == [{"name": "now", "description": "",
+                                               "parameters": {"type": "object"}}]
     for bad in ([{"type": "function", "function": {}}], ["add"], [{"name": "f", "parameters": [1]}]):
         with pytest.raises(InfernoError) as e:
             T.functions(bad)
@@ -109,57 +114,64 @@ def calls_of(text, fmt):
 
 
 def test_parse_hermes():
-    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit":"c"}}\n</tool_call>'
     assert calls_of(one, "hermes") == ("", [("get_weather", {"city": "Paris", "unit": "c"})])
-    two = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "東京"}}\n</tool_call>\n'
-           '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
-    assert calls_of(two, "hermes") == ("Let me look.", [("get_weather", {"city": "東京"}), ("add", {"a": 1, "b": 2})])
-    assert T.parse("hermes", one)[1][0].arguments == '{"city": "Paris", "unit": "c"}'  # the model's text
+    assert T.parse("hermes", one)[1][0].arguments == '{"city": "Paris", "unit":"c"}'  # the model's text
+    two = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "東京"}}\n'
+           '</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+    assert calls_of(two, "hermes") == ("Let me look.", [("get_weather", {"city": "東京"}),
+                                                        ("add", {"a": 1, "b": 2})])
     bad = 'x <tool_call>{"name": "add", "arguments": {"a": 1</tool_call> y'
     assert calls_of(bad, "hermes") == (bad, [])
     unclosed = 'ok <tool_call>\n{"name": "add", "arguments": {"a": 1}}'
     assert calls_of(unclosed, "hermes") == ("ok", [("add", {"a": 1})])
     as_string = '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>'
     assert T.parse("hermes", as_string)[1][0].arguments == '{"a": 1}'
-    assert calls_of('<tool_call>{"name": "f", "parameters": {"q": [1]}}</tool_call>', "hermes") == ("", [("f", {"q": [1]})])
+    parameters = '<tool_call>{"name": "f", "parameters": {"q": [1]}}</tool_call>'
+    assert calls_of(parameters, "hermes") == ("", [("f", {"q": [1]})])
     assert calls_of("a < b, <tool and </tool_call>", "hermes") == ("a < b, <tool and </tool_call>", [])
 
 
 def test_parse_llama3():
     one = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
     assert calls_of(one, "llama3") == ("", [("get_weather", {"city": "Paris"})])
-    two = '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}; {"name": "add", "parameters": {"a": 3}}'
-    assert calls_of(two, "llama3") == ("", [("add", {"a": 1, "b": 2}), ("add", {"a": 3})])
-    for text in ["The answer is 42.", '{"not": "a call"}', '{"name": "add", "parameters": {"a": 1', "<|python"]:
+    two = '<|python_tag|>{"name": "add", "parameters": {"a": 1}}; {"name": "add", "parameters": {"a": 3}}'
+    assert calls_of(two, "llama3") == ("", [("add", {"a": 1}), ("add", {"a": 3})])
+    for text in ["The answer is 42.", '{"not": "a call"}', '{"name": "add", "parameters": {"a": 1',
+                 "<|python"]:
         assert calls_of(text, "llama3") == (text, [])
-    assert calls_of(one + " and more text", "llama3") == ("and more text", [("get_weather", {"city": "Paris"})])
+    assert calls_of(one + " and more", "llama3") == ("and more", [("get_weather", {"city": "Paris"})])
 
 
 def test_parse_generic():
-    calls = '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "search", "arguments": {"query": "x"}}]}'
+    calls = ('{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}},'
+             ' {"name": "search", "arguments": {"query": "x"}}]}')
     assert calls_of(calls, "generic") == ("", [("add", {"a": 1, "b": 2}), ("search", {"query": "x"})])
     assert calls_of(' {"response": "Hello there"} ', "generic") == ("Hello there", [])
-    for text in ["plain text", '{"tool_calls": [{"name": 3}]}', '{"tool_calls": []}', '{"response": "x"', '{"a": 1}']:
+    for text in ["plain text", '{"tool_calls": [{"name": 3}]}', '{"tool_calls": []}', '{"response": "x"',
+                 '{"a": 1}']:
         assert calls_of(text, "generic") == (text, [])
 
 
 TEXTS = {
     "hermes": [
-        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>\n'
-        '<tool_call>\n{"name": "add", "arguments": {"a": 1,\n "b": 2}}\n</tool_call>\n',
-        '  Météo 東京 🙂 <tool_call>{"name": "get_weather", "arguments": {"city": "東京"}}</tool_call> après  ',
+        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 1,\n "b": 2}}\n</tool_call>\n',
+        '  Météo 東京 🙂 <tool_call>{"name": "get_weather", "arguments": {"city": "東京"}}</tool_call> fin  ',
         'x <tool_call>{not json}</tool_call> y <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
         "a <tool_ca and << <<tool_call and nothing else <",
         '<tool_call>{"name": "add", "arguments": {"a": 1}}',
     ],
     "llama3": [
-        '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}; {"name": "get_weather", "parameters": {"city": "Paris"}}',
+        '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}};'
+        ' {"name": "get_weather", "parameters": {"city": "Paris"}}',
         '\n {"name": "search", "parameters": {"query": "a \\"quoted\\" {brace}"}} then text',
         "Just a reply, with { braces } inside.",
         '{"name": "add", "parameters": {"a": 1',
     ],
     "generic": [
-        '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "search", "arguments": {"query": "x"}}]}',
+        '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}},'
+        ' {"name": "search", "arguments": {"query": "x"}}]}',
         '{"response": "Hello, world."}',
         "A plain reply.",
         '{"tool_calls": "nope"}',
@@ -233,8 +245,8 @@ def test_required_grammar_random_decoding_gives_valid_calls(vocabs, grammars, fm
 @pytest.mark.parametrize("fmt", T.FORMATS)
 def test_named_grammar_calls_that_tool(vocabs, grammars, fmt, kind):
     g, tok = grammars[kind], vocabs[kind]
-    grammar = g.compile(lark=T.tool_choice_grammar(fmt, TOOLS, {"type": "function", "function": {"name": "search"}},
-                                                   grammars=g))
+    choice = {"type": "function", "function": {"name": "search"}}
+    grammar = g.compile(lark=T.tool_choice_grammar(fmt, TOOLS, choice, grammars=g))
     for seed in range(3):
         ids, ended = random_decode(g, grammar, seed)
         content, calls = T.parse(fmt, decode_text(tok, ids))
@@ -257,7 +269,8 @@ def test_required_lets_a_thinking_model_think_first(vocabs, grammars):
     g, tok = grammars["qwen"], vocabs["qwen"]
     prefix = ([tok.hf.token_to_id("<think>")] + tok.encode("\nI should add.\n", add_special_tokens=False)
               + [tok.hf.token_to_id("</think>")] + tok.encode("\n\n", add_special_tokens=False))
-    ids, ended = random_decode(g, g.compile(lark=T.required_grammar("hermes", TOOLS, False, grammars=g)), 0, prefix)
+    grammar = g.compile(lark=T.required_grammar("hermes", TOOLS, False, grammars=g))
+    ids, ended = random_decode(g, grammar, 0, prefix)
     content, calls = T.parse("hermes", decode_text(tok, ids))
     assert ended and content == "<think>\nI should add.\n</think>" and len(calls) == 1
     check_calls(calls)
@@ -280,7 +293,7 @@ def test_hermes_auto_is_free_until_the_tag_then_constrained(vocabs, grammars, ki
     g, tok = grammars[kind], vocabs[kind]
     grammar = g.compile(lark=T.auto_grammar("hermes", TOOLS, grammars=g))
     words = tok.encode("Sure, I can help with {that}.\n", add_special_tokens=False)
-    tag = [tok.hf.token_to_id("<tool_call>")] if kind == "qwen" else tok.encode(" <tool_call>", add_special_tokens=False)
+    tag = [tok.hf.token_to_id(OPEN)] if kind == "qwen" else tok.encode(" " + OPEN, add_special_tokens=False)
     m = g.matcher(grammar)
     assert is_free(g, m) and m.is_accepting()  # anything, or nothing, at first
     for t in words + tag[:-1]:
@@ -346,7 +359,8 @@ def test_tool_choice():
     assert T.tool_choice_grammar("hermes", TOOLS, "none") is None
     assert T.tool_choice_grammar("hermes", [], "auto") is None
     assert T.tool_choice_grammar("hermes", TOOLS, "auto") == T.auto_grammar("hermes", TOOLS)
-    assert T.tool_choice_grammar("llama3", TOOLS, "required", parallel=False) == T.required_grammar("llama3", TOOLS, False)
+    required = T.tool_choice_grammar("llama3", TOOLS, "required", parallel=False)
+    assert required == T.required_grammar("llama3", TOOLS, False)
     with pytest.raises(InfernoError) as e:
         T.tool_choice_grammar("hermes", TOOLS, {"type": "function", "function": {"name": "nope"}})
     assert e.value.params == ("tool_choice",) and "nope" in str(e.value)
