@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -112,9 +113,12 @@ class Run:
 
 
 def prompts(n: int) -> list[str]:
-    """Mixed lengths, about 40 to 400 tokens, cycling."""
+    """Mixed lengths, about 40 to 400 tokens, cycling. Each starts with a number of its own, so
+    that no two share more than the chat template's header: these scenarios measure batching,
+    not prefix reuse (the turns scenario does)."""
     words = (TEXT * 12).split()
-    return [" ".join(words[:[30, 90, 180, 300][i % 4]]) + "\nSummarise this." for i in range(n)]
+    tag = random.randrange(10**6)
+    return [f"{tag + i}. " + " ".join(words[:[30, 90, 180, 300][i % 4]]) + "\nSummarise this." for i in range(n)]
 
 
 def stop_ids(gguf: Path) -> list[int]:
@@ -381,7 +385,10 @@ async def newcomer(url: str, max_tokens: int, bias: dict) -> tuple[float, float]
         return ttft
 
     out = []
-    for other in (system, system.replace("bakery", "mill").replace("a ", "one ")[::-1]):
+    words = system.split(" ")
+    random.Random(0).shuffle(words)
+    unrelated = "Note: " + " ".join(words)  # as long, and sharing no prefix
+    for other in (system, unrelated):
         busy = asyncio.create_task(ask(system, "Describe every tool at length.", 400))
         await asyncio.sleep(3.0)  # its prompt is in and it is decoding
         out.append(await ask(other, "Which tool finds refunds?", 8))
@@ -423,8 +430,8 @@ def scenario_turns(args, bias):
         with server(cmd, port=port) as (url, _):
             asyncio.run(load(url, "bench", ["Hi"], 4, bias, "warm-up"))
             wall, rows = asyncio.run(turns_run(url, clients, turns, n, bias))
+            turns_report(label, wall, rows)
             shared, cold = asyncio.run(newcomer(url, n, bias))
-        turns_report(label, wall, rows)
         print(f"{'':<28} newcomer beside a busy slot: shared system prompt {shared * 1e3:.0f} ms, "
               f"cold {cold * 1e3:.0f} ms ({shared / cold:.2f}x)")
         return wall, np.median([r["ttft"] for r in rows if r["turn"]])

@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", "-p", required=True, help="prompt text, or - to read it from stdin")
     add_sampling_args(g)
     g.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    g.add_argument("--json-schema", "-j", default=None, metavar="FILE_OR_JSON",
+                   help="constrain the reply to a JSON Schema: a file, or the schema itself as JSON")
+    g.add_argument("--grammar-file", default=None, metavar="FILE",
+                   help="constrain the reply to a GBNF grammar (llama.cpp's format) read from FILE")
     g.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
     g.add_argument("--trace", action="store_true", help="print a histogram of every backend op after generation")
     g.set_defaults(func=cmd_generate)
@@ -217,6 +221,34 @@ def sampling_options(args) -> dict:
                 seed=args.seed, stop=tuple(args.stop or ()))
 
 
+def constraint_options(args) -> dict:
+    """--json-schema (a file, or JSON text) and --grammar-file as Engine.stream options; read
+    before the model loads, so a missing file is one line at once."""
+    out = {}
+    if args.json_schema is not None and args.grammar_file is not None:
+        raise InfernoError("give --json-schema or --grammar-file, not both", params=("json_schema",))
+    if args.json_schema is not None:
+        text = args.json_schema
+        if not text.lstrip().startswith(("{", "[", "true", "false")):
+            text = _read_file(text, "--json-schema")
+        try:
+            out["json_schema"] = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InfernoError(f"--json-schema is not valid JSON ({e}): give a schema file or the "
+                               f"schema as JSON text") from None
+    if args.grammar_file is not None:
+        out["grammar"] = _read_file(args.grammar_file, "--grammar-file")
+    return out
+
+
+def _read_file(path: str, flag: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise InfernoError(f"{flag}: cannot read {path!r} ({e.strerror})") from None
+
+
 def format_stats(r) -> str:
     cut = {"length": " (stopped at --max-tokens)", "stop": " (stopped at a --stop string)"}.get(r.stop_reason, "")
     return "\n".join([
@@ -242,14 +274,21 @@ def cmd_generate(args) -> int:
     prompt = read_prompt(args.prompt)
     if not prompt:  # the same rule with or without --raw, and before the load
         raise InfernoError(EMPTY_PROMPT)
+    constraint_options(args)  # a missing file or bad JSON, before the load
     engine = load_engine(args, trace=args.trace)
     try:
         if not args.raw and not engine.tokenizer.chat_template:
             # A base model: there is no chat to format, so the text is continued as it is.
             print("note: this model has no chat template (a base model?): the prompt is continued "
                   "as raw text, as --raw does", file=sys.stderr)
-        stream = engine.stream(prompt, system=args.system, think=not args.no_think, raw=args.raw,
-                               **sampling_options(args))
+        try:
+            stream = engine.stream(prompt, system=args.system, think=not args.no_think, raw=args.raw,
+                                   **constraint_options(args), **sampling_options(args))
+        except InfernoError as e:  # a schema or grammar the library refused: name the flag
+            flag = {("grammar",): "--grammar-file", ("json_schema",): "--json-schema"}.get(e.params)
+            if flag is None:
+                raise
+            raise InfernoError(f"{flag}: {str(e).split(': ', 1)[-1]}") from None
         if args.json:
             for _ in stream:
                 pass

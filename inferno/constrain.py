@@ -34,6 +34,12 @@ class Grammar:
     kind: str  # the parameter it came from: json_schema, grammar, regex, lark, json_object
     text: str  # llguidance's grammar (JSON text)
     template: llg.LLMatcher
+    eos_ids: tuple[int, ...]
+    mask_width: int  # token ids its masks cover
+
+    def matcher(self) -> "Matcher":
+        """A new sequence's place in this grammar: at its start."""
+        return Matcher(self.template.deep_copy(), self.eos_ids, (self.mask_width + 31) // 32)
 
 
 class Grammars:
@@ -123,10 +129,10 @@ class Grammars:
         if template.is_error():
             raise InfernoError(f"{kind}: not a valid {what} (or one llguidance does not support): "
                                f"{one_line(template.get_error())}", params=(kind,))
-        return Grammar(kind, text, template)
+        return Grammar(kind, text, template, self.eos_ids, self.mask_width)
 
     def matcher(self, grammar: Grammar) -> "Matcher":
-        return Matcher(grammar.template.deep_copy(), self.eos_ids, (self.mask_width + 31) // 32)
+        return grammar.matcher()
 
     def allocate(self, n: int) -> np.ndarray:
         return allocate(n, self.mask_width)

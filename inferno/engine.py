@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Callable, Iterator
 
 import numpy as np
@@ -19,6 +20,8 @@ from inferno.backends import DEFAULT_BACKEND, create_backend
 from inferno.backends.base import CACHE_TYPES
 from inferno.backends.quant import QUANTIZERS, quantize
 from inferno.backends.tracing import TracingBackend
+from inferno.constrain import Grammar, Grammars
+from inferno.tools import detect_format, for_template, supports_tools
 from inferno.errors import InfernoError
 from inferno.model.gguf_file import file_type_name
 from inferno.model.loader import Checkpoint, open_checkpoint
@@ -130,9 +133,11 @@ class Engine:
         return self.ops.to_numpy(self.model.forward(ids, cache))
 
     def encode_prompt(self, prompt: str | list[dict], *, system: str | None = None,
-                      think: bool = True, raw: bool = False) -> list[int]:
+                      think: bool = True, raw: bool = False, tools: list[dict] | None = None) -> list[int]:
         """Token ids for a prompt: the chat template applied (a system message first, if given)
-        unless `raw`, or a model without a template. A list of messages is used as is."""
+        unless `raw`, or a model without a template. A list of messages is used as is; with
+        `tools` (OpenAI's function tools), the template renders them, or where it cannot, the
+        system message describes them in the generic format (tools.py)."""
         tok = self.tokenizer
         if isinstance(prompt, str) and not prompt:
             raise InfernoError(EMPTY_PROMPT)
@@ -143,8 +148,17 @@ class Engine:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         if system is not None:
             messages = [{"role": "system", "content": system}] + messages
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=think)
+        native = supports_tools(tok.chat_template)
+        messages = for_template(messages, tools, native)
+        extra = {"tools": tools} if tools and native else {}
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=think, **extra)
         return tok.encode(text, add_special_tokens=False)
+
+    @property
+    def tool_format(self) -> str:
+        """How this model writes tool calls (tools.FORMATS): its template's, else generic."""
+        template = self.tokenizer.chat_template
+        return detect_format(template) if supports_tools(template) else "generic"
 
     def generate(self, prompt: str | list[dict], *, on_text: Callable[[str], None] | None = None,
                  **options) -> GenerationResult:
@@ -161,7 +175,8 @@ class Engine:
                raw: bool = False, ctx_size: int | None = None, session: Session | None = None,
                stop: str | list[str] | tuple[str, ...] = (), presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
-               logprobs: bool = False, top_logprobs: int = 0, **sampling) -> Stream:
+               logprobs: bool = False, top_logprobs: int = 0, json_schema: dict | str | None = None,
+               grammar: str | None = None, **sampling) -> Stream:
         """Generate a reply as an iterator of text pieces; `.result` holds the stats afterwards.
 
         Sampling: temperature, top_k, top_p, min_p, repeat_penalty, seed; one left out (or None)
@@ -169,12 +184,18 @@ class Engine:
         `stop` strings end the reply (the match is cut off); `presence_penalty`,
         `frequency_penalty` and `logit_bias` ({token id: added to its logit}) as OpenAI's;
         `logprobs` records each token's log-probability (and `top_logprobs` alternatives) in
-        result.logprobs. With a `session`, the KV cache of earlier calls is reused for the
-        prompt's shared prefix. This runs the same generation loop as the server
-        (scheduler.py), with this one sequence in it."""
+        result.logprobs. `json_schema` (a JSON Schema, as a dict or JSON text) or `grammar`
+        (GBNF, as llama.cpp takes it) constrains the reply: every token is masked to what the
+        grammar allows, so a complete reply always parses. With a `session`, the KV cache of
+        earlier calls is reused for the prompt's shared prefix. This runs the same generation
+        loop as the server (scheduler.py), with this one sequence in it."""
+        constraint = None
+        if json_schema is not None or grammar is not None:
+            constraint = self.constraint(json_schema=json_schema, grammar=grammar)
         options = self.options(max_tokens=max_tokens, stop=stop, presence_penalty=presence_penalty,
                                frequency_penalty=frequency_penalty, logit_bias=logit_bias,
-                               logprobs=logprobs, top_logprobs=top_logprobs, **sampling)
+                               logprobs=logprobs, top_logprobs=top_logprobs, grammar=constraint,
+                               **sampling)
         if prompt_ids is None:
             prompt_ids = self.encode_prompt(prompt, system=system, think=think, raw=raw)
         ids = self.check_ids(prompt_ids)
@@ -191,16 +212,27 @@ class Engine:
         each remembering the tokens it holds, for prefix reuse."""
         return Slots(self.model, count, capacity, growable=growable)
 
+    @cached_property
+    def grammars(self) -> Grammars:
+        """Constrained output's view of this model's tokenizer (built on first use)."""
+        return Grammars(self.tokenizer, self.config.vocab_size, sorted(self.eos))
+
+    def constraint(self, **spec) -> Grammar:
+        """A compiled constraint for `options(grammar=...)`: one of json_schema, grammar
+        (GBNF), regex, lark or json_object=True (constrain.Grammars.compile); a bad one is an
+        InfernoError naming it."""
+        return self.grammars.compile(**spec)
+
     def options(self, *, max_tokens: int = 256, stop=(), presence_penalty: float = 0.0,
                 frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
                 logprobs: bool = False, top_logprobs: int = 0, seed: int | None = None,
-                **sampling) -> Options:
+                grammar: Grammar | None = None, **sampling) -> Options:
         """One generation's Options, checked: what stream takes, as the server builds them."""
         stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
         bias = tuple((int(t), float(b)) for t, b in (logit_bias or {}).items())
         opts = Options(max_tokens=max_tokens, sampling=self.sampling.params(seed=seed, **sampling),
                        stop=stop, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                       logit_bias=bias, logprobs=logprobs, top_logprobs=top_logprobs)
+                       logit_bias=bias, logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar)
         opts.check(self.config.vocab_size)
         return opts
 

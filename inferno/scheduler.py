@@ -33,7 +33,7 @@ from collections import deque
 import numpy as np
 
 from inferno.model.decoder import Segment
-from inferno.sequence import Event, Sequence
+from inferno.sequence import Event, Sequence, masks_for
 
 log = logging.getLogger("inferno.serve")
 
@@ -182,15 +182,18 @@ class Scheduler:
         if not batch:
             return events
         self.steps += 1
+        sampling = []
         for seq, seg, row in self._forward(batch, events):
             self.slots.wrote(seq.slot, seg.start, seg.ids)
             seq.pos += seg.ids.size
             if seg.start < len(seq.prompt):
                 self.prompt_computed += seg.ids.size
-            if seq.prefilling:
-                continue
+            if not seq.prefilling:
+                sampling.append((seq, row))
+        masks = masks_for([seq for seq, _ in sampling])  # the whole batch's, in one call
+        for (seq, row), mask in zip(sampling, masks):
             try:
-                event = seq.accept(row)
+                event = seq.accept(row, mask)
             except Exception as e:  # a sampler or detokenizer fault: this sequence only
                 self._fail(seq, e, events)
                 continue

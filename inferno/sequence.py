@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from inferno.constrain import apply_mask, fill_masks
 from inferno.errors import InfernoError
 from inferno.model.sampling import SamplingParams, sample
 
@@ -30,6 +31,7 @@ class Options:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: bool = False  # each token's log-probability under the raw logits
     top_logprobs: int = 0  # and the k likeliest alternatives
+    grammar: object = None  # a constrain.Grammar (JSON schema, GBNF...): each token masked to it
 
     def check(self, vocab_size: int) -> None:
         """The values no sampler can take, as one error naming the option."""
@@ -83,6 +85,8 @@ class Sequence:
         self.cached = 0  # prompt tokens whose K/V came from the cache rather than a prefill
         self.cancelled = False  # set from any thread; the scheduler retires it at its next step
         self.shared: dict[Sequence, int] = {}  # the scheduler's: prompt tokens shared with others
+        # Where the constrained output is in its grammar (constrain.Matcher), or None.
+        self.matcher = options.grammar.matcher() if options.grammar is not None else None
         self.sampled: list[int] = []  # every sampled token, the EOS included
         self.generated: list[int] = []  # the ones that are text
         self._decoder = tokenizer.stream()
@@ -112,14 +116,19 @@ class Sequence:
             return np.asarray(self.prompt[self.pos:self.pos + budget], dtype=np.int64)
         return np.asarray(self.sampled[-1:], dtype=np.int64)
 
-    def accept(self, logits: np.ndarray) -> Event | None:
-        """Sample the next token from this step's logits row [vocab]."""
+    def accept(self, logits: np.ndarray, mask: np.ndarray | None = None) -> Event | None:
+        """Sample the next token from this step's logits row [vocab]; `mask` [words] is the
+        grammar's allowed tokens for a constrained sequence (constrain.fill_masks)."""
         opts = self.options
         row = self._adjusted(logits)
+        if mask is not None:
+            row = apply_mask(row, mask)
         history = self.prompt + self.sampled if opts.sampling.repeat_penalty != 1.0 else None
         token = sample(row, opts.sampling, self.rng, history)
         self.sampled.append(token)
         self._ids.append(token)
+        if self.matcher is not None:
+            self.matcher.consume(token)
         if opts.logprobs:
             self._lps.append(token_logprob(logits, token, opts.top_logprobs))
         if token in self.eos:
@@ -129,6 +138,9 @@ class Sequence:
         self._counts[token] = self._counts.get(token, 0) + 1
         piece = self._decoder.step(token)
         self._decoded += piece
+        if self.matcher is not None and self.matcher.is_stopped():  # complete: only EOS could follow
+            self.hit_eos = True
+            return self._text(piece, final="stop")
         if len(self.sampled) >= opts.max_tokens:
             return self._text(piece, final="length")
         return self._text(piece)
@@ -182,6 +194,18 @@ class Sequence:
             ev.prompt_tokens, ev.completion_tokens = len(self.prompt), len(self.generated)
             ev.cached_tokens = self.cached
         return ev
+
+
+def masks_for(seqs: list[Sequence]) -> list[np.ndarray | None]:
+    """The grammar masks of the sequences about to sample, all in one call (llguidance fills
+    the rows in parallel); None for an unconstrained one."""
+    constrained = [s.matcher for s in seqs if s.matcher is not None]
+    if not constrained:
+        return [None] * len(seqs)
+    bitmask = np.empty((len(constrained), constrained[0].words), dtype=np.int32)  # [n, words]
+    fill_masks(constrained, bitmask)
+    rows = iter(bitmask)
+    return [next(rows) if s.matcher is not None else None for s in seqs]
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:

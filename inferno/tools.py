@@ -61,6 +61,53 @@ def generic_system_prompt(tools) -> str:
             '{"response": "<your reply>"}')
 
 
+def supports_tools(chat_template: str | None) -> bool:
+    """Whether a chat template renders a `tools` variable (Hugging Face's convention)."""
+    return bool(chat_template) and re.search(r"\btools\b", chat_template) is not None
+
+
+def for_template(messages: list[dict], tools, native: bool) -> list[dict]:
+    """Messages as a template renders them, tool turns included. `native`: the template takes
+    `tools`, assistant `tool_calls` (arguments as an object, which every such template can
+    print) and `tool` messages. Otherwise the tools go into the system message in the generic
+    format, a call is written back as the generic reply it was, and a tool result is a user
+    turn, which any template renders."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        calls = [{"type": "function", "id": c.get("id"),
+                  "function": {"name": c["function"]["name"], "arguments": _as_object(c["function"].get("arguments"))}}
+                 for c in m.get("tool_calls") or ()]
+        if native:
+            if calls:
+                m["tool_calls"] = calls
+            out.append(m)
+        elif calls:
+            out.append({"role": "assistant", "content": json.dumps(
+                {"tool_calls": [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                                for c in calls]}, ensure_ascii=False)})
+        elif m["role"] == "tool":
+            out.append({"role": "user", "content": f"Tool result ({m.get('tool_call_id') or 'call'}): {m['content']}"})
+        else:
+            out.append(m)
+    if tools and not native:
+        prompt = generic_system_prompt(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": prompt + "\n\n" + out[0]["content"]}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+def _as_object(arguments):
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return arguments if arguments is not None else {}
+
+
 # -- parsing ---------------------------------------------------------------------------------------
 @dataclass
 class ToolCall:

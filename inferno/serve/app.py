@@ -33,7 +33,9 @@ from starlette.exceptions import HTTPException
 from inferno.backends import DEFAULT_BACKEND
 from inferno.errors import InfernoError
 from inferno.serve.metrics import Metrics
-from inferno.serve.protocol import APIError, ChatRequest, CompletionRequest, Response, TokenText, usage
+from inferno.serve.protocol import (APIError, ChatRequest, CompletionRequest, NamedChoice, Response, TokenText,
+                                    usage)
+from inferno.tools import functions, tool_choice_grammar
 from inferno.serve.batch import BatchEngine, Closed, Handle, QueueFull
 
 log = logging.getLogger("inferno.serve")
@@ -103,6 +105,9 @@ class State:
             log.error("loading the model failed: %s", self.error)
         else:
             self.tokens = TokenText(batch.engine.tokenizer)
+            # llguidance's view of the vocabulary, built now: on a first constrained request it
+            # would hold the GIL (and so every stream) for up to a second.
+            batch.engine.grammars.lltok
             self.batch = batch
             e = batch.engine
             log.info("load: %.2f s (%s, %s backend); %d slots x %d positions, KV cache %.0f MiB",
@@ -178,13 +183,25 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
     @api.post("/v1/chat/completions")
     async def chat(request: Request):
         batch, req = await state.accept(request, ChatRequest)
+        engine = batch.engine
         try:
-            ids = batch.engine.encode_prompt([m.as_dict() for m in req.messages])
+            tools = functions(req.tool_dicts) if req.tools else None
+            ids = engine.encode_prompt([m.as_dict() for m in req.messages], tools=req.tool_dicts)
         except InfernoError as e:
-            raise APIError(400, str(e), param="messages") from None
+            raise APIError(400, str(e), param="tools" if "tools" in e.params else "messages") from None
+        rf = req.response_format
+        grammar = await compile_constraint(engine, req.constraint(),
+                                           "response_format" if rf and rf.type != "text" else None)
+        tool_format = None
+        if req.calls_tools:
+            tool_format = engine.tool_format
+            choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedChoice) else req.tool_choice or "auto"
+            lark = await asyncio.to_thread(tool_choice_grammar, tool_format, tools, choice, req.parallel_tool_calls,
+                                           engine.grammars)
+            grammar = await compile_constraint(engine, {"lark": lark}, param="tools")
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, batch.ctx_size - len(ids))
-        options = req.options(batch.engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0)
-        return await respond(request, req, Response("chat", req.model, state.tokens),
+        options = req.options(engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0, grammar)
+        return await respond(request, req, Response("chat", req.model, state.tokens, tool_format),
                              submit(batch, ids, options, req.n, "max_completion_tokens"))
 
     @api.post("/v1/completions")
@@ -193,13 +210,25 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         tok = batch.engine.tokenizer
         prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [req.prompt]
         ids = [tok.encode(p, add_special_tokens=True) if isinstance(p, str) else p for p in prompts]
+        grammar = await compile_constraint(batch.engine, req.constraint())
         max_tokens = req.max_tokens or max(1, batch.ctx_size - max(map(len, ids)))
-        options = req.options(batch.engine.sampling, max_tokens, req.logprobs is not None, req.logprobs or 0)
+        options = req.options(batch.engine.sampling, max_tokens, req.logprobs is not None, req.logprobs or 0, grammar)
         return await respond(request, req, Response("text", req.model, state.tokens),
                              submit(batch, ids, options, req.n, "max_tokens"))
 
     app.include_router(api)
     return app
+
+
+async def compile_constraint(engine, spec: dict | None, param: str | None = None):
+    """The request's compiled constraint (None: none), off the event loop: a first use builds
+    llguidance's tokenizer, and a big schema takes a while. A bad one is a 400 naming it."""
+    if spec is None:
+        return None
+    try:
+        return await asyncio.to_thread(engine.constraint, **spec)
+    except InfernoError as e:
+        raise APIError(400, str(e), param=param or next(iter(spec))) from None
 
 
 def authorize(api_key: str | None):
@@ -270,7 +299,8 @@ async def stream(resp: Response, handle: Handle, include_usage: bool):
                 return
             completion_tokens += ev.completion_tokens
             cached_tokens += ev.cached_tokens
-            yield sse({**resp.envelope([resp.chunk_choice(ev)], stream=True), **extra})
+            for choice in resp.chunk_choices(ev):
+                yield sse({**resp.envelope([choice], stream=True), **extra})
         if include_usage:
             yield sse({**resp.envelope([], stream=True),
                        "usage": usage(handle.prompt_tokens, completion_tokens, cached_tokens)})

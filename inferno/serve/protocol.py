@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from inferno.model.sampling import SamplingDefaults
 from inferno.sequence import Event, Options, TokenLogprob
+from inferno.tools import StreamParser
+from inferno.tools import parse as parse_calls
 
 
 class APIError(Exception):
@@ -33,8 +35,7 @@ class APIError(Exception):
 
 # Fields of OpenAI's API this server does not implement, with the value that asks for nothing.
 UNSUPPORTED = {
-    "tools": None, "tool_choice": "none", "functions": None, "function_call": "none",
-    "parallel_tool_calls": None, "response_format": {"type": "text"}, "audio": None,
+    "functions": None, "function_call": "none", "audio": None,
     "modalities": ["text"], "prediction": None, "web_search_options": None, "reasoning_effort": None,
     "echo": False, "suffix": None, "best_of": 1,
 }
@@ -62,6 +63,9 @@ class Request(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # llama.cpp's server's extensions: constrain the reply to a JSON Schema, or a GBNF grammar.
+    json_schema: dict | None = None
+    grammar: str | None = None
 
     def check_supported(self) -> None:
         for name, harmless in UNSUPPORTED.items():
@@ -74,7 +78,15 @@ class Request(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
 
-    def options(self, defaults: SamplingDefaults, max_tokens: int, logprobs: bool, top_logprobs: int) -> Options:
+    def constraint(self) -> dict | None:
+        """What constrains the reply, as Engine.constraint's arguments (None: nothing)."""
+        given = {k: v for k, v in (("json_schema", self.json_schema), ("grammar", self.grammar)) if v is not None}
+        if len(given) > 1:
+            raise APIError(400, "give json_schema or grammar, not both", param="grammar")
+        return given or None
+
+    def options(self, defaults: SamplingDefaults, max_tokens: int, logprobs: bool, top_logprobs: int,
+                grammar=None) -> Options:
         """The sampler settings: what the request sets, over the model's defaults (its
         generation config, else llama.cpp's), as vLLM and llama.cpp's server do."""
         bias = []
@@ -87,7 +99,7 @@ class Request(BaseModel):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return Options(max_tokens=max_tokens, sampling=sampling, stop=stop,
                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                       logit_bias=tuple(bias), logprobs=logprobs, top_logprobs=top_logprobs)
+                       logit_bias=tuple(bias), logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar)
 
     @property
     def include_usage(self) -> bool:
@@ -99,14 +111,65 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str | dict = "{}"  # JSON text, as OpenAI sends it
+
+
+class ToolCallItem(BaseModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallItem] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
 
     def as_dict(self) -> dict:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        content = self.content if not isinstance(self.content, list) else "".join(p.text for p in self.content)
+        if content is None and not self.tool_calls:
+            raise APIError(400, f"a {self.role} message needs content", param="messages")
         # OpenAI's "developer" is the system message of templates written before it existed.
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        out = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionTool
+
+
+class NamedChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: dict
+
+
+class JSONSchemaFormat(BaseModel):
+    name: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
 
 
 class ChatRequest(Request):
@@ -115,11 +178,48 @@ class ChatRequest(Request):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedChoice | None = None
+    parallel_tool_calls: bool = True
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        if isinstance(self.tool_choice, NamedChoice):
+            name = self.tool_choice.function.get("name")
+            if name not in [t.function.name for t in self.tools]:
+                raise APIError(400, f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
+        if self.calls_tools and ((self.response_format and self.response_format.type != "text")
+                                 or super().constraint()):
+            raise APIError(400, "response_format, json_schema and grammar cannot be combined with tools "
+                           "(tool_choice none leaves them free)", param="response_format")
+
+    @property
+    def tool_dicts(self) -> list[dict] | None:
+        """The tools as the chat template takes them (OpenAI's shape), or None."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    @property
+    def calls_tools(self) -> bool:
+        """Tools given and allowed: the reply is parsed for calls."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def constraint(self) -> dict | None:
+        rf = self.response_format
+        if rf is not None and rf.type != "text":
+            if super().constraint():
+                raise APIError(400, "give response_format or json_schema/grammar, not both", param="response_format")
+            if rf.type == "json_object":
+                return {"json_object": True}
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise APIError(400, "response_format json_schema needs json_schema.schema",
+                               param="response_format.json_schema")
+            return {"json_schema": rf.json_schema.schema_}
+        return super().constraint()
 
 
 class CompletionRequest(Request):
@@ -132,8 +232,11 @@ class CompletionRequest(Request):
 class Response:
     """The envelope every chunk or body of one response shares."""
 
-    def __init__(self, kind: Literal["chat", "text"], model: str, tokens: "TokenText"):
-        self.kind, self.model, self.tokens = kind, model, tokens
+    def __init__(self, kind: Literal["chat", "text"], model: str, tokens: "TokenText",
+                 tool_format: str | None = None):
+        """`tool_format` (tools.FORMATS): the replies are parsed for tool calls in that format."""
+        self.kind, self.model, self.tokens, self.tool_format = kind, model, tokens, tool_format
+        self.parsers: dict[int, StreamParser] = {}  # choice -> its streamed tool-call parser
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.offsets: dict[int, int] = {}  # choice -> characters sent, for completions' text_offset
@@ -141,6 +244,32 @@ class Response:
     def envelope(self, choices: list[dict], stream: bool) -> dict:
         obj = {"chat": "chat.completion", "text": "text_completion"}[self.kind] + (".chunk" if stream and self.kind == "chat" else "")
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def chunk_choices(self, ev: Event) -> list[dict]:
+        """The streamed choice chunks of `ev`: its text (content and tool-call deltas, when
+        tools are parsed), log-probabilities and finish."""
+        if self.kind != "chat" or self.tool_format is None:
+            return [self.chunk_choice(ev)]
+        parser = self.parsers.setdefault(ev.index, StreamParser(self.tool_format))
+        deltas = parser.feed(ev.text) + (parser.finish() if ev.finish_reason else [])
+        chunks = []
+        for d in deltas:
+            if d.content is not None:
+                chunks.append({"content": d.content})
+            else:
+                call = {"index": d.index, "function": {"arguments": d.arguments}}
+                if d.name is not None:
+                    call.update(id=d.id, type="function", function={"name": d.name, "arguments": d.arguments})
+                chunks.append({"tool_calls": [call]})
+        finish = ev.finish_reason
+        if finish == "stop" and parser.calls:
+            finish = "tool_calls"
+        out = [{"index": ev.index, "delta": delta, "logprobs": None, "finish_reason": None} for delta in chunks]
+        if finish or not out and (ev.text or ev.token_ids):
+            out.append({"index": ev.index, "delta": {}, "logprobs": None, "finish_reason": finish})
+        if out:
+            out[0]["logprobs"] = self.logprobs(ev)
+        return out
 
     def chunk_choice(self, ev: Event) -> dict:
         """One streamed choice: `ev`'s text, log-probabilities and finish."""
@@ -178,8 +307,17 @@ class Response:
             lps = [lp for e in evs for lp in (e.logprobs or ())] if evs[0].logprobs is not None else None
             merged = Event(index, text, [t for e in evs for t in e.token_ids], lps, evs[-1].finish_reason)
             if self.kind == "chat":
-                choices.append({"index": index, "message": {"role": "assistant", "content": text},
-                                "logprobs": self.logprobs(merged), "finish_reason": merged.finish_reason})
+                message, finish = {"role": "assistant", "content": text}, merged.finish_reason
+                if self.tool_format is not None:  # the reply as content and calls, as streamed
+                    content, calls = parse_calls(self.tool_format, text)
+                    message = {"role": "assistant", "content": content or (None if calls else "")}
+                    if calls:
+                        message["tool_calls"] = [{"id": c.id, "type": "function",
+                                                  "function": {"name": c.name, "arguments": c.arguments}}
+                                                 for c in calls]
+                        finish = "tool_calls" if finish == "stop" else finish
+                choices.append({"index": index, "message": message,
+                                "logprobs": self.logprobs(merged), "finish_reason": finish})
             else:
                 choices.append(self.chunk_choice(merged))
         body = self.envelope(choices, stream=False)
