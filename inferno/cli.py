@@ -63,7 +63,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     # Sampling flags default to None, "not given": the model's own defaults (its generation
     # config, or its alias's) apply, then llama.cpp's.
     model = "(default: the model's, else {})".format
-    p.add_argument("--max-tokens", "-n", type=int, default=256, help="most tokens to generate")
+    p.add_argument("--max-tokens", "-n", type=int, default=None,
+                   help="most tokens to generate (default: 256, or up to the end of the context if that comes first)")
     p.add_argument("--temperature", "-t", type=float, help=f"0 is greedy {model(d.temperature)}")
     p.add_argument("--top-k", type=int, help=f"keep the k likeliest tokens; 0 is off {model(d.top_k)}")
     p.add_argument("--top-p", type=float, help=f"nucleus mass in (0, 1]; 1 is off {model(d.top_p)}")
@@ -95,6 +96,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` (default: $INFERNO_API_KEY, or none)")
     p.add_argument("--alias", default=None, help="the model name clients send (default: the --model name)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="server log: info has a line per request")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds running requests get to finish before they are cancelled")
     p.add_argument("--ray", action="store_true", help="run as Ray Serve replicas (pip install -e '.[ray]' in inferno's folder)")
@@ -189,7 +192,8 @@ def check_flags(args) -> None:
     from inferno.engine import check_ctx_size, check_max_tokens
     given = {f: getattr(args, f) for f in SAMPLING_FIELDS if getattr(args, f) is not None}
     SamplingParams(**given, seed=args.seed)
-    check_max_tokens(args.max_tokens)
+    if args.max_tokens is not None:
+        check_max_tokens(args.max_tokens)
     check_ctx_size(args.ctx_size)
     if args.stop and not all(args.stop):
         raise InfernoError("--stop takes non-empty text", params=("stop",))
@@ -250,7 +254,8 @@ def _read_file(path: str, flag: str) -> str:
 
 
 def format_stats(r) -> str:
-    cut = {"length": " (stopped at --max-tokens)", "stop": " (stopped at a --stop string)"}.get(r.stop_reason, "")
+    cut = {"length": " (stopped at --max-tokens)", "stop": " (stopped at a --stop string)",
+           "context": " (stopped at the end of the context: raise --ctx-size for more)"}.get(r.stop_reason, "")
     return "\n".join([
         f"prefill: {r.prompt_tokens} prompt tokens, time to first token {r.ttft_s * 1e3:.1f} ms, "
         f"{r.prefill_tokens_per_s:.1f} tokens/s",
@@ -272,7 +277,7 @@ def cmd_generate(args) -> int:
     from inferno.engine import EMPTY_PROMPT
     check_flags(args)
     prompt = read_prompt(args.prompt)
-    if not prompt:  # the same rule with or without --raw, and before the load
+    if not prompt.strip():  # the same rule with or without --raw, and before the load
         raise InfernoError(EMPTY_PROMPT)
     constraint_options(args)  # a missing file or bad JSON, before the load
     engine = load_engine(args, trace=args.trace)
@@ -292,7 +297,13 @@ def cmd_generate(args) -> int:
         if args.json:
             for _ in stream:
                 pass
-            print(json.dumps({"text": stream.result.text, **_stats_dict(stream.result)}, ensure_ascii=False))
+            # What produced it, so that a saved result says so: model, backend, weights, sampling.
+            settings = {"model": str(engine.source), "backend": engine.backend,
+                        "weight_type": engine.weight_type, "cache_type": engine.cache_type,
+                        "sampling": {**_sampling_in_force(engine, args), "seed": args.seed,
+                                     "max_tokens": args.max_tokens}}
+            print(json.dumps({"text": stream.result.text, **settings, **_stats_dict(stream.result)},
+                             ensure_ascii=False))
         else:
             for piece in stream:
                 sys.stdout.write(piece)
@@ -341,7 +352,8 @@ def cmd_serve(args) -> int:
         from inferno.serve.ray_app import run
         return run(config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address)
     from inferno.serve.server import run
-    return run(config, host=args.host, port=args.port, drain_timeout=args.drain_timeout)
+    return run(config, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
+               log_level=args.log_level)
 
 
 def cmd_pull(args) -> int:
@@ -374,6 +386,12 @@ def cmd_bench(args) -> int:
                      depth=args.depth)
     print(bench.to_json(rows) if args.json else bench.format_table(rows))
     return 0
+
+
+def _sampling_in_force(engine, args) -> dict:
+    """Each sampling setting's value in force: the flag's, else the model's default."""
+    given = {f: getattr(args, f) for f in SAMPLING_FIELDS if getattr(args, f) is not None}
+    return {**engine.sampling.values, **given}
 
 
 def _stats_dict(r) -> dict:

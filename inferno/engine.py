@@ -42,7 +42,7 @@ class GenerationResult:
     prefill_tokens_per_s: float
     decode_tokens_per_s: float  # tokens after the first, per second of decoding
     peak_memory_bytes: int
-    stop_reason: str  # "eos", "stop" (a stop string) or "length"
+    stop_reason: str  # "eos", "stop" (a stop string), "length" (max_tokens) or "context" (full)
     decode_s: float = 0.0
     cached_tokens: int = 0  # prompt tokens a Session's cache already held: not prefilled again
     logprobs: list[TokenLogprob] | None = None  # with logprobs=True: one per generated token
@@ -139,7 +139,7 @@ class Engine:
         `tools` (OpenAI's function tools), the template renders them, or where it cannot, the
         system message describes them in the generic format (tools.py)."""
         tok = self.tokenizer
-        if isinstance(prompt, str) and not prompt:
+        if isinstance(prompt, str) and not prompt.strip():
             raise InfernoError(EMPTY_PROMPT)
         if raw or not tok.chat_template:
             if not isinstance(prompt, str):
@@ -171,7 +171,7 @@ class Engine:
         return stream.result
 
     def stream(self, prompt: str | list[dict] | None = None, *, prompt_ids: list[int] | None = None,
-               max_tokens: int = 256, system: str | None = None, think: bool = True,
+               max_tokens: int | None = None, system: str | None = None, think: bool = True,
                raw: bool = False, ctx_size: int | None = None, session: Session | None = None,
                stop: str | list[str] | tuple[str, ...] = (), presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
@@ -179,6 +179,8 @@ class Engine:
                grammar: str | None = None, **sampling) -> Stream:
         """Generate a reply as an iterator of text pieces; `.result` holds the stats afterwards.
 
+        `max_tokens` None: up to DEFAULT_MAX_TOKENS, or fewer where the context ends first
+        (the reply then stops at the context, stop_reason "context", as llama.cpp does).
         Sampling: temperature, top_k, top_p, min_p, repeat_penalty, seed; one left out (or None)
         takes the model's default (engine.sampling: its generation config, else llama.cpp's).
         `stop` strings end the reply (the match is cut off); `presence_penalty`,
@@ -192,20 +194,25 @@ class Engine:
         constraint = None
         if json_schema is not None or grammar is not None:
             constraint = self.constraint(json_schema=json_schema, grammar=grammar)
-        options = self.options(max_tokens=max_tokens, stop=stop, presence_penalty=presence_penalty,
-                               frequency_penalty=frequency_penalty, logit_bias=logit_bias,
-                               logprobs=logprobs, top_logprobs=top_logprobs, grammar=constraint,
-                               **sampling)
         if prompt_ids is None:
             prompt_ids = self.encode_prompt(prompt, system=system, think=think, raw=raw)
         ids = self.check_ids(prompt_ids)
         if ids.size == 0:
             raise InfernoError(EMPTY_PROMPT)
+        to_context = False
+        if max_tokens is None:
+            room = self._context(ctx_size) - ids.size
+            to_context = room < DEFAULT_MAX_TOKENS
+            max_tokens = max(1, min(DEFAULT_MAX_TOKENS, room))
+        options = self.options(max_tokens=max_tokens, stop=stop, presence_penalty=presence_penalty,
+                               frequency_penalty=frequency_penalty, logit_bias=logit_bias,
+                               logprobs=logprobs, top_logprobs=top_logprobs, grammar=constraint,
+                               **sampling)
         self._check_fits(ids.size, max_tokens, ctx_size)
         need = ids.size + max_tokens
         slots = session._slots(self, need) if session is not None else self.new_slots(1, need)
         seq = Sequence(ids.tolist(), options, self.tokenizer, self.eos)
-        return Stream(self._generate(seq, slots, need))
+        return Stream(self._generate(seq, slots, to_context))
 
     def new_slots(self, count: int, capacity: int, *, growable: bool = False) -> Slots:
         """`count` KV cache slots of `capacity` positions for the generation loop (Scheduler),
@@ -256,10 +263,13 @@ class Engine:
         self.model.forward(np.zeros(n, dtype=np.int64), cache, last_only=True)
         self.model.ops.to_numpy(self.model.forward([0], cache, last_only=True))
 
+    def _context(self, ctx_size: int | None) -> int:
+        return check_ctx_size(ctx_size, self.config) if ctx_size is not None else self.ctx_size
+
     def _check_fits(self, prompt_tokens: int, max_tokens: int, ctx_size: int | None) -> None:
         """The prompt and the reply must fit the context; the error names the limit, where it
         came from, and every way out."""
-        limit = check_ctx_size(ctx_size, self.config) if ctx_size is not None else self.ctx_size
+        limit = self._context(ctx_size)
         if prompt_tokens + max_tokens <= limit:
             return
         model_max = self.config.max_position_embeddings
@@ -279,7 +289,8 @@ class Engine:
             raise InfernoError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
         return ids
 
-    def _generate(self, seq: Sequence, slots: Slots, need: int):
+    def _generate(self, seq: Sequence, slots: Slots, to_context: bool = False):
+        """`to_context`: max_tokens is what the context had room for (stop_reason "context")."""
         ops = self.ops
         loop = Scheduler(self, slots)  # no chunk limit: a lone prompt prefills in one step
         loop.add([seq])
@@ -305,7 +316,8 @@ class Engine:
         ttft = t_first - t0
         decode_s = t_end - t_first - waited
         decoded = len(seq.sampled) - 1
-        stop_reason = "length" if seq.finish_reason == "length" else "eos" if seq.hit_eos else "stop"
+        stop_reason = ("context" if to_context else "length") if seq.finish_reason == "length" else \
+            "eos" if seq.hit_eos else "stop"
         return GenerationResult(
             text="".join(pieces),
             token_ids=list(seq.generated),
@@ -323,6 +335,7 @@ class Engine:
 
 
 EMPTY_PROMPT = "the prompt is empty: give some text"
+DEFAULT_MAX_TOKENS = 256  # a reply's length when max_tokens is not given and the context allows
 
 
 def weight_type(checkpoint: Checkpoint) -> str:

@@ -131,7 +131,7 @@ def test_help_shows_defaults():
     p = cli("generate", "--help")
     assert p.returncode == 0
     words = " ".join(p.stdout.split())  # argparse wraps the help text
-    for text in ("--max-tokens", "(default: 256)", "--top-p", "(default: the model's, else 0.95)",
+    for text in ("--max-tokens", "(default: 256, or up to the end of the context", "--top-p", "(default: the model's, else 0.95)",
                  "--backend"):
         assert text in words
 
@@ -148,3 +148,17 @@ def test_stop_flag_repeats_and_cuts_the_reply(qwen3_dir):
     assert "(stopped at a --stop string)" in p.stderr
     p = cli("generate", "-m", qwen3_dir, "-p", "Hello there", "--stop", "")
     assert p.returncode == 1 and "--stop takes non-empty text" in p.stderr
+
+
+def test_default_max_tokens_stops_at_a_small_context_and_blank_prompts_are_errors(qwen3_dir):
+    p = cli("generate", "-m", qwen3_dir, "-p", "hi", "-c", 40, "-t", 0, "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["prompt_tokens"] + out["generated_tokens"] <= 40 and out["stop_reason"] in ("context", "eos")
+    assert out["model"] == str(qwen3_dir) and out["backend"] == "pool" and out["weight_type"] == "F32"
+    assert out["sampling"]["temperature"] == 0 and "top_k" in out["sampling"] and out["cache_type"] == "f16"
+    p = cli("generate", "-m", qwen3_dir, "-p", "hi", "-c", 40, "-t", 0, "-n", 100)
+    assert p.returncode == 1 and "exceeds the context of 40" in p.stderr  # asked for more than fits
+    for prompt in ("   ", "\n\t"):
+        p = cli("generate", "-m", qwen3_dir, "-p", prompt)
+        assert p.returncode == 1 and "the prompt is empty" in p.stderr

@@ -75,6 +75,10 @@ class Backend:
         names the type (cache_types.py)."""
         return cache_types.empty(slots, capacity, width, cache_type or self.default_cache_type)
 
+    def begin_step(self) -> None:
+        """Called before each forward step: a backend may adapt to the machine here (pool sizes
+        its thread team to the free cores). Not an op: nothing to compute."""
+
     def synchronize(self) -> None:
         """Wait for queued device work (timing points call this); CPU backends are synchronous."""
 

@@ -17,11 +17,12 @@ into it at once.
 Small ops (one decode row of a norm, attention over a short cache) run serially on the calling
 thread: a launch costs more than their whole work.
 
-NOTE: the pool assumes its cores are its own, as llama.cpp's --threads does. OpenMP's workers
-spin between launches (that is the 1.1 us), and a launch waits for all of them: with a busy
-loop in another process on the second core, SmolLM2 decode fell from ~70 to 1-20 tokens/s here.
-OMP_WAIT_POLICY=passive (workers sleep; ~44 us per launch) held ~50 tokens/s under that load
-but gave ~53 instead of ~70 on free cores, so the default stays.
+OpenMP's workers spin between launches (that is the 1.1 us), and a launch waits for all of them:
+with a busy loop in another process on the second core, each launch waited for a descheduled
+worker and decode collapsed. Sleeping workers (OMP_WAIT_POLICY=passive) fix the busy case and
+halve the quiet one (../shared/facts/pool-contention.md). So before each step pool reads how much
+of its cores other processes are using (contention.py) and runs its launches on a team of the
+cores left free: the jobs are cut as always, so results do not depend on the load.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 from inferno.backends import jitcache
 from inferno.backends import kernels as K
 from inferno.backends import kv_kernels as KV
+from inferno.backends.contention import Contention
 from inferno.backends import qkernels as Q
 from inferno.backends.qkernels import chunk_start
 from inferno.backends.quant import QuantTensor
@@ -142,21 +144,36 @@ class PoolBackend(SimdBackend):
     parallel_min_attention = 1 << 17  # query rows x keys x n_heads x head_dim
     decode_min_keys = 256  # keys per decode job at the least
 
-    def __init__(self, threads: int | None = None, int8_activations: bool | None = None):
+    def __init__(self, threads: int | None = None, int8_activations: bool | None = None,
+                 adaptive: bool = True):
+        """`adaptive`: run on the cores that other processes leave free, re-read before each
+        step (False: always `threads`, as llama.cpp's --threads)."""
         cores = nb.config.NUMBA_NUM_THREADS  # the worker team's size: the cores, by default
         threads = cores if threads is None else int(threads)
         if not 1 <= threads <= cores:
             raise InfernoError(f"threads must be between 1 and {cores} (Numba's worker threads; "
                                f"set NUMBA_NUM_THREADS to allow more), got {threads}", params=("threads",))
-        self.threads = threads
+        self.threads = threads  # how work is cut into jobs: the same whatever the load
+        # How many of them run it: the cores other processes leave free (contention.py),
+        # re-read before each step when `adaptive`.
+        self.team = threads
+        self.adaptive = adaptive and threads > 1
+        self._contention = Contention(threads) if self.adaptive else None
         super().__init__(int8_activations)
+
+    def begin_step(self) -> None:
+        """Before a forward step: the team for its launches. A busy core is left out of the
+        team rather than waited for at every launch; the jobs stay as they were cut, so the
+        results do not change, only which threads compute them."""
+        if self._contention is not None:
+            self.team = self._contention.update()
 
     def _launch(self, kernel, *args):
         with _LAUNCH:
             # Numba's thread count belongs to the calling thread; set it when it differs (0.8 us).
-            if getattr(_THREADS_SET, "n", None) != self.threads:
-                nb.set_num_threads(self.threads)
-                _THREADS_SET.n = self.threads
+            if getattr(_THREADS_SET, "n", None) != self.team:
+                nb.set_num_threads(self.team)
+                _THREADS_SET.n = self.team
             return kernel(*args)
 
     def _rowwise(self, serial, parallel, work, out, *args) -> None:

@@ -229,6 +229,10 @@ class TorchBackend(Backend):
     def read_kv(self, buf, slot: int, start: int, stop: int):
         return buf[slot, start:stop].to(self.dtype)  # a view when the cache has the activations' dtype
 
+    def copy_kv(self, dst, dst_slot: int, src, src_slot: int, start: int, stop: int) -> None:
+        if stop > start:  # on the device, as stored
+            dst[dst_slot, start:stop].copy_(src[src_slot, start:stop])
+
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
                                 causal: bool, window: int = 0, scale: float | None = None):

@@ -169,6 +169,7 @@ class DecoderModel:
             if cache is not None and s.start + s.ids.size > cache.capacity:
                 raise InfernoError(f"KV cache full: {s.start} + {s.ids.size} tokens exceed its "
                                    f"{cache.capacity} positions")
+        ops.begin_step()
         batch = _Batch(segments, cached=cache is not None)
         rope = {local: ops.rope_tables(batch.positions, inv) for local, inv in self.inv_freq.items()}
         x = ops.embedding(self.embed_tokens, batch.ids)  # [rows, hidden]

@@ -259,6 +259,7 @@ def submit(batch: BatchEngine, ids, options, n: int, max_field: str) -> Handle:
 
 
 async def respond(request: Request, req, resp: Response, handle: Handle):
+    request.state.handle = handle  # for the request's log line (CountRequests)
     if req.stream:
         return StreamingResponse(stream(resp, handle, req.include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -394,7 +395,9 @@ class LimitBody:
 
 
 class CountRequests:
-    """inferno_requests_total by status, for the API's routes."""
+    """inferno_requests_total by status, for the API's routes, and a log line for each: method,
+    path, status, and for a generation its prompt, cached and generated tokens, time to first
+    token and total time."""
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -402,9 +405,17 @@ class CountRequests:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), [0]
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
+                status[0] = message["status"]
                 self.metrics.count_request(message["status"])
             await send(message)
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            handle = scope.get("state", {}).get("handle")
+            tokens = f" {handle.summary()}" if handle is not None else ""
+            log.info("%s %s %d%s, %.0f ms", scope["method"], scope["path"], status[0], tokens,
+                     (time.perf_counter() - t0) * 1e3)

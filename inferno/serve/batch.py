@@ -63,6 +63,14 @@ class Handle:
         self.sequences: list[Sequence] = []
         self.cancelled = False
 
+    def summary(self) -> str:
+        """Its tokens and time to first token, for the server's log line."""
+        seqs = self.sequences
+        firsts = [s.first_token_time - s.arrival for s in seqs if s.first_token_time is not None]
+        ttft = f", TTFT {min(firsts) * 1e3:.0f} ms" if firsts else ""
+        return (f"prompt {self.prompt_tokens} tokens ({sum(s.cached for s in seqs)} cached), "
+                f"generated {sum(len(s.generated) for s in seqs)}{ttft}")
+
     def cancel(self) -> None:
         """Stop generating; the slots are free again after the scheduler's next step."""
         if not self.cancelled:
