@@ -25,7 +25,7 @@ from inferno.tools import detect_format, for_template, supports_tools
 from inferno.errors import InfernoError
 from inferno.model.gguf_file import file_type_name
 from inferno.model.loader import Checkpoint, open_checkpoint
-from inferno.model.decoder import DecoderModel
+from inferno.model.decoder import DecoderModel, Segment
 from inferno.model.resolve import alias_sampling, resolve
 from inferno.model.sampling import SamplingDefaults
 from inferno.scheduler import Scheduler, Slots
@@ -254,14 +254,19 @@ class Engine:
 
     # -- internals ------------------------------------------------------------------------------
     def _warm_up(self) -> None:
-        """One short prefill and one decode step, so that JIT compilation, kernel caches (Numba's,
-        Triton's) and device libraries load during load(), not inside the first prompt's time to
-        first token; llama.cpp warms up the same way. The prefill is long enough to take the
-        pool backend's parallel paths."""
-        n = min(16, self.config.max_position_embeddings - 1)
-        cache = self.model.new_cache(n + 1)
-        self.model.forward(np.zeros(n, dtype=np.int64), cache, last_only=True)
-        self.model.ops.to_numpy(self.model.forward([0], cache, last_only=True))
+        """Every path a generation can take, once, so that JIT compilation, kernel caches
+        (Numba's, Triton's) and device libraries load during load(), never in the middle of a
+        reply (llama.cpp warms up too): two prompts, then a decode beside a chunk after a cache,
+        with every op on the path that long prompts and contexts take (ops.every_path: pool's
+        parallel kernels); then the same on the small ops' own paths (a short prompt's)."""
+        model, ops = self.model, self.model.ops
+        cache = model.new_cache(8, slots=2)
+        zeros = lambda k: np.zeros(k, np.int64)  # noqa: E731
+        with ops.every_path():
+            model.step([Segment(zeros(3), 0, 0, logits=False), Segment(zeros(2), 1, 0, logits=False)], cache)
+            ops.to_numpy(model.step([Segment(zeros(1), 0, 3), Segment(zeros(2), 1, 2)], cache))
+        ops.to_numpy(model.step([Segment(zeros(1), 0, 4)], cache))
+        ops.to_numpy(model.step([Segment(zeros(1), 0, 5), Segment(zeros(2), 1, 4)], cache))
 
     def _context(self, ctx_size: int | None) -> int:
         return check_ctx_size(ctx_size, self.config) if ctx_size is not None else self.ctx_size

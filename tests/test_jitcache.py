@@ -70,3 +70,51 @@ def test_a_miss_says_once_that_kernels_compile(monkeypatch, capsys):
         assert jitcache._load_overload(FakeCache(None), (), ctx) is None
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("note: compiling inferno's kernels for this CPU and these weight types, once")
+
+
+NO_COMPILE = """
+import json, sys
+import inferno
+from numba.core.event import install_recorder
+from inferno.model.sampling import SamplingParams
+from inferno.serve import BatchEngine, Options
+engine = inferno.load({path!r}, {backend!r}, progress=False)
+ban = {{t: -100.0 for t in engine.eos}}
+seen = {{}}
+with install_recorder("numba:compile") as rec:
+    engine.generate("Once upon a time", max_tokens=600, temperature=0, logit_bias=ban)  # past 2 x 256 keys
+seen["a long generation"] = rec.buffer
+session, messages = inferno.Session(), [{{"role": "user", "content": "Hello there"}}]
+with install_recorder("numba:compile") as rec:
+    for turn in ("And then?", "Why?"):
+        reply = engine.generate(messages, session=session, max_tokens=6, temperature=0)
+        messages += [{{"role": "assistant", "content": reply.text}}, {{"role": "user", "content": turn}}]
+seen["a chat's next turns"] = rec.buffer
+with install_recorder("numba:compile") as rec:
+    with BatchEngine(engine, parallel=4, ctx_size=256, chunk=8) as batch:
+        handles = [batch.submit(engine.encode_prompt("word " * (3 + 9 * i)),
+                                Options(max_tokens=5 + 3 * i, sampling=SamplingParams(temperature=0)))
+                   for i in range(4)]
+        for h in handles:
+            list(h)
+seen["batched steps with chunked prompts"] = rec.buffer
+print(json.dumps({{k: sorted({{str(e[1].data.get("dispatcher", "")) for e in v if e[1].is_start}}) for k, v in seen.items()}}))
+"""
+
+
+def test_nothing_compiles_during_generation(tmp_path_factory):
+    """After the first load, which compiles what the model needs (an empty Numba cache: every
+    kernel compiles, none is found), a generation past the context where pool's decode goes
+    parallel, a chat's later turns and batched steps with chunked prompts compile nothing, in a
+    fresh process. (pool: the backend whose kernels change with the sizes.)"""
+    import os
+
+    from tiny import make_model
+    folder = make_model(tmp_path_factory.mktemp("compile-once"), "qwen3", hidden=64, heads=8, kv_heads=2,
+                        head_dim=64, max_positions=1024)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path_factory.mktemp("numba-cache"))}
+    run = subprocess.run([sys.executable, "-c", NO_COMPILE.format(path=str(folder), backend="pool")],
+                         capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stderr
+    compiled = json.loads(run.stdout.splitlines()[-1])
+    assert compiled == {k: [] for k in compiled}, compiled

@@ -15,6 +15,8 @@ import math
 import resource
 import sys
 
+import contextlib
+
 import numpy as np
 
 from inferno.backends import cache_types
@@ -74,6 +76,12 @@ class Backend:
         decode_attention; never touched directly by the model. Here a numpy array whose dtype
         names the type (cache_types.py)."""
         return cache_types.empty(slots, capacity, width, cache_type or self.default_cache_type)
+
+    @contextlib.contextmanager
+    def every_path(self):
+        """Within it, ops take the paths that bigger work would (pool: its parallel kernels,
+        whatever the size), so that a short warm-up compiles or loads them all."""
+        yield
 
     def begin_step(self) -> None:
         """Called before each forward step: a backend may adapt to the machine here (pool sizes

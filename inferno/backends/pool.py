@@ -27,6 +27,7 @@ cores left free: the jobs are cut as always, so results do not depend on the loa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 
@@ -143,6 +144,7 @@ class PoolBackend(SimdBackend):
     parallel_min_elements = 1 << 15  # row-wise ops: rows x features; matmuls: multiply-adds
     parallel_min_attention = 1 << 17  # query rows x keys x n_heads x head_dim
     decode_min_keys = 256  # keys per decode job at the least
+    _one_launch = True  # linear_many's one launch over all its weights (off in every_path)
 
     def __init__(self, threads: int | None = None, int8_activations: bool | None = None,
                  adaptive: bool = True):
@@ -160,6 +162,23 @@ class PoolBackend(SimdBackend):
         self.adaptive = adaptive and threads > 1
         self._contention = Contention(threads) if self.adaptive else None
         super().__init__(int8_activations)
+
+    @contextlib.contextmanager
+    def every_path(self):
+        """Every op launched in parallel, however small (the warm-up's tiny steps then reach
+        the kernels of long prompts and long contexts)."""
+        if self.threads == 1:
+            yield
+            return
+        saved = self.parallel_min_elements, self.parallel_min_attention, self.decode_min_keys
+        self.parallel_min_elements = self.parallel_min_attention = 0
+        self.decode_min_keys = 1
+        self._one_launch = False  # linear_many as past Q.FEW_MAX rows: one linear per weight
+        try:
+            yield
+        finally:
+            self.parallel_min_elements, self.parallel_min_attention, self.decode_min_keys = saved
+            self._one_launch = True
 
     def begin_step(self) -> None:
         """Before a forward step: the team for its launches. A busy core is left out of the
@@ -218,7 +237,7 @@ class PoolBackend(SimdBackend):
         rows, cols = x.shape
         kinds, datas, total = [], [], 0
         for w in ws:
-            if type(w) is not QuantTensor or rows > Q.FEW_MAX or self.threads == 1:
+            if type(w) is not QuantTensor or rows > Q.FEW_MAX or self.threads == 1 or not self._one_launch:
                 return [self.linear(x, w) for w in ws]
             check_width(x, w)
             kinds.append(Q.KINDS[w.qtype.name])
