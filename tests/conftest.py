@@ -39,3 +39,36 @@ def llama_dir(tmp_path_factory) -> Path:
     """Llama (SmolLM2-like), 9 query heads over 3 KV heads (GQA 3), tied, BOS on raw prompts."""
     return make_model(tmp_path_factory.mktemp("llama"), "llama", hidden=72, heads=9, kv_heads=3,
                       tied=True, bos=True)
+
+
+# -- markers: what a test needs, so that a change can run the tests it touches first ---------------
+REAL_MODEL_MODULES = {"test_real_model", "test_real_gemma", "test_first_minutes"}
+REAL_MODEL_FIXTURES = {"real", "gguf_path", "gemma_path", "smollm2"}
+TRITON_MODULES = {"test_triton_decode", "test_gpu_backend", "test_gpu_bench"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """real_model (SmolLM2 or Gemma 3 from PyPI), subprocess (a fresh interpreter: the CLI, a
+    server process, a cold cache), ray (a local Ray cluster), triton_interp (Triton's
+    interpreter on the CPU); slow is any of them. `./run-tests -m "not slow"` is the quick
+    selection."""
+    import inspect
+
+    import pytest
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        try:
+            source = inspect.getsource(item.function)
+        except (OSError, TypeError):
+            source = ""
+        marks = set()
+        if module in REAL_MODEL_MODULES or REAL_MODEL_FIXTURES & set(item.fixturenames) or 'resolve("' in source:
+            marks.add("real_model")
+        if "subprocess" in source or "cli(" in source or "chat(" in source:
+            marks.add("subprocess")
+        if module == "test_serve_ray":
+            marks.add("ray")
+        if module in TRITON_MODULES:
+            marks.add("triton_interp")
+        for mark in marks | ({"slow"} if marks else set()):
+            item.add_marker(getattr(pytest.mark, mark))

@@ -118,3 +118,45 @@ def test_nothing_compiles_during_generation(tmp_path_factory):
     assert run.returncode == 0, run.stderr
     compiled = json.loads(run.stdout.splitlines()[-1])
     assert compiled == {k: [] for k in compiled}, compiled
+
+
+STALE = """
+import numpy as np
+from numba.core.event import install_recorder
+from inferno.backends import jitcache, pool
+x = np.ones((4, 8), np.float32)
+with install_recorder("numba:compile") as rec:
+    pool._softmax(x, np.empty_like(x), 2)  # calls kernels.softmax_rows, in another file
+print(jitcache.CACHE_FOLDER.name, sum(e[1].is_start for e in rec.buffer), pool.__file__)
+"""
+
+
+def test_a_changed_callee_recompiles_its_callers(tmp_path):
+    """Numba keys a cached kernel on its own file's stamp: an edit to a file it calls into
+    (kernels.py, below pool's wrappers) would leave its machine code stale. inferno's kernel
+    cache is keyed on every backend source, so the caller compiles again. On a copy of the
+    package, in fresh processes."""
+    import os
+    import shutil
+    from pathlib import Path
+    copy = tmp_path / "pkg"
+    shutil.copytree(Path(inferno.__file__).parent, copy / "inferno",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(PYTHONPATH=str(copy))
+
+    def run():
+        p = subprocess.run([sys.executable, "-c", STALE], capture_output=True, text=True, timeout=600, env=env,
+                           cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        folder, compiles, where = p.stdout.split()
+        assert where.startswith(str(copy)), where  # the copy, not the installed package
+        return folder, int(compiles)
+    first = run()
+    assert first[1] > 0  # an empty cache: it compiles
+    assert run() == (first[0], 0)  # cached
+    kernels = copy / "inferno" / "backends" / "kernels.py"
+    kernels.write_text(kernels.read_text() + "\n# an edit below pool's wrappers\n")
+    third = run()
+    assert third[0] != first[0] and third[1] > 0  # a new folder, compiled afresh
+    assert (copy / "inferno" / "backends" / "__pycache__" / first[0]).is_dir()  # the old one stays, unused

@@ -318,6 +318,13 @@ def test_metrics(server, client):
     assert values['inferno_inter_token_latency_seconds_bucket{le="+Inf"}'] >= 2
     assert values["inferno_kv_slots"] == 4 and values["inferno_kv_slots_used"] == 0
     assert "inferno_sequences_running" in values and "inferno_sequences_waiting" in values
+    # The same request again: its prompt's rows come from the slot that held them.
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
+    assert r.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
+    again = {line.split()[0]: float(line.split()[1]) for line in httpx.get(server[0] + "/metrics").text.splitlines()
+             if not line.startswith("#")}
+    assert again["inferno_prompt_tokens_cached_total"] - values["inferno_prompt_tokens_cached_total"] == r.usage.prompt_tokens - 1
+    assert again["inferno_prompt_tokens_total"] - values["inferno_prompt_tokens_total"] == 1
 
 
 def test_api_key_and_health_before_load(qwen3_dir):

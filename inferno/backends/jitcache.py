@@ -13,12 +13,27 @@ A miss also prints one notice per process (a model's first run compiles for 30-4
 silently otherwise). Only inferno's own kernels load this way (a test loads them in a fresh
 process and checks that the registries stay unimported and the answers match); other Numba code
 in the process keeps Numba's own path.
+
+Where the cache lives (`use_keyed_cache`): Numba keys a cached kernel on its own file's
+timestamp, not on the files it calls into, so an edit to kernels.py, or a `pip install -U` that
+changes a callee's file but not its caller's, would leave the caller's machine code stale:
+wrong numbers, silently. So inferno's kernels are cached in a folder named by a hash of every
+source file of the backends, Numba's and llvmlite's versions and the CPU's name and features:
+any change below a kernel starts a new folder, and everything compiles afresh. The folder sits
+beside the sources (backends/__pycache__/kernels-<key>, as Numba's own cache would), else, where
+the package cannot be written, in inferno's cache (kernels/<key>). NUMBA_CACHE_DIR, when set,
+wins (Numba's own keying, then).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import shutil
 import sys
+import time
+from pathlib import Path
 
 try:
     from numba.core import caching
@@ -30,6 +45,60 @@ except ImportError:  # a Numba whose internals moved: keep its own loading
 
 
 _told = False  # whether this process has said that it compiles
+_STALE_DAYS = 30  # kernel folders of other sources unused this long are removed
+
+
+def cache_key() -> str:
+    """A hash of what compiled machine code depends on: the backends' sources, Numba's and
+    llvmlite's versions, the CPU's name and features."""
+    import llvmlite
+    import llvmlite.binding as llvm
+    import numba
+
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.rglob("*.py")):
+        h.update(path.relative_to(Path(__file__).parent).as_posix().encode() + b"\0" + path.read_bytes())
+    h.update(f"numba {numba.__version__} llvmlite {llvmlite.__version__} {sys.version_info[:2]}".encode())
+    h.update(f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}".encode())
+    return h.hexdigest()[:20]
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.utime(folder)  # in use: not stale
+        return os.access(folder, os.W_OK)
+    except OSError:
+        return False
+
+
+def use_keyed_cache() -> Path | None:
+    """Point Numba's cache for the kernels defined from now on at a folder named by
+    cache_key(); None where NUMBA_CACHE_DIR is set, or no folder can be written (Numba's
+    default then)."""
+    import numba
+
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return None
+    key = cache_key()
+    base = os.environ.get("INFERNO_CACHE")
+    cache = Path(base).expanduser() if base else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "inferno"
+    beside = Path(__file__).parent / "__pycache__" / f"kernels-{key}"
+    folder = next((f for f in (beside, cache / "kernels" / key) if _writable(f)), None)
+    if folder is None:
+        return None
+    numba.config.CACHE_DIR = str(folder)
+    cutoff = time.time() - _STALE_DAYS * 86400
+    for other in folder.parent.glob("kernels-*" if folder == beside else "*"):
+        try:
+            if other != folder and other.is_dir() and other.stat().st_mtime < cutoff:
+                shutil.rmtree(other, ignore_errors=True)
+        except OSError:
+            pass
+    return folder
+
+
+CACHE_FOLDER = use_keyed_cache()  # before any kernel module defines its kernels (they import this first)
 
 
 def _load_overload(cache, sig, target_context):

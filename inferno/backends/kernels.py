@@ -1,7 +1,8 @@
 """Numba kernels for the simd and pool backends.
 
 Every kernel is serial, compiled to machine code once (`cache=True`: a fresh checkout compiles on
-first use, later runs load from __pycache__) and releases the GIL (`nogil=True`). Each works on a
+first use, later runs load from inferno's kernel cache, jitcache.py) and releases the GIL
+(`nogil=True`). Each works on a
 range of rows or on one attention head and writes only its own part of a preallocated output,
 so the pool backend runs these very kernels side by side, one range or one head per job.
 
@@ -17,6 +18,7 @@ import math
 import numba as nb
 import numpy as np
 
+from inferno.backends import jitcache  # noqa: F401  first: where the kernels below are cached
 from inferno.backends.base import TILE
 
 FAST = {"reassoc", "contract", "arcp", "nsz"}

@@ -34,9 +34,9 @@ Exactness: a group's products s * q are exact in float32 (an 11-bit half times i
 most 7 + 6 bits), so dequantised weights equal the gguf package's bit for bit, and the dot
 products differ from a float32 matmul of those weights only by summation order.
 
-NOTE: Numba's cache (cache=True) is keyed on this file's contents alone: after editing lanes.py,
-ilanes.py or qdot.py, delete __pycache__/qkernels.* (touching this file is not enough), or stale
-machine code runs.
+Numba's own cache is keyed on a file's stamp alone (an edit to lanes.py, ilanes.py or qdot.py
+would leave this file's machine code stale); jitcache.py keys inferno's kernel cache on every
+backend source instead, so any edit below a kernel recompiles it.
 
 Row geometry: cols is a multiple of 32 (the quantized kinds' blocks are 32 or 256 weights; a
 F16/BF16 weight whose rows are not is kept as float32 by the backend instead).
