@@ -60,7 +60,7 @@ class Bench:
         self.device = torch.device("cuda" if self.cuda else "cpu")
         self.t0 = time.perf_counter()
         self.results: dict = {"command": " ".join(sys.argv), "dry_run": self.dry, "notes": []}
-        from inferno.backends import triton_decode
+        from inferno.backends.torch import triton_decode
         self.td = triton_decode
 
     # -- bookkeeping ------------------------------------------------------------------------------
@@ -234,8 +234,8 @@ class Bench:
 
     # -- 3. prefill paths -------------------------------------------------------------------------
     def prefill_paths(self):
-        from inferno.backends.gpu import sdpa_attention
-        from inferno.backends.torch_backend import materialized_gqa
+        from inferno.backends.torch.gpu import sdpa_attention
+        from inferno.backends.torch.torch_backend import materialized_gqa
         rows = []
         cases = [(64, torch.float32)] if self.dry else [
             (512, torch.bfloat16), (2048, torch.bfloat16), (8192, torch.bfloat16),
@@ -312,7 +312,7 @@ class Bench:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
             if name == "gpu" and not self.cuda:  # dry run: the kernel under the interpreter
-                from inferno.backends.gpu import GpuBackend
+                from inferno.backends.torch.gpu import GpuBackend
                 ops = GpuBackend(**opts, device="cpu")
             else:
                 ops = create_backend(name, **opts)

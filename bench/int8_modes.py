@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import inferno
-from inferno.backends.quant import QuantTensor
+from inferno.formats.quant import QuantTensor
 
 MODES = ["float32", "one int8 row everywhere", "default (remainder row on o_proj, down_proj)",
          "two int8 rows everywhere"]

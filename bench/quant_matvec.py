@@ -37,11 +37,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from qblocks import random_blocks  # noqa: E402
 
-from inferno.backends import qkernels as Q  # noqa: E402
-from inferno.backends.ilanes import fast_int_dot  # noqa: E402
-from inferno.backends.pool import PoolBackend  # noqa: E402
-from inferno.backends.quant import QTYPES, QuantTensor  # noqa: E402
-from inferno.backends.simd import SimdBackend  # noqa: E402
+from inferno.backends.numba import qkernels as Q  # noqa: E402
+from inferno.backends.numba.ilanes import fast_int_dot  # noqa: E402
+from inferno.backends.numba.pool import PoolBackend  # noqa: E402
+from inferno.formats.quant import QTYPES, QuantTensor  # noqa: E402
+from inferno.backends.numba.simd import SimdBackend  # noqa: E402
 
 SMOL_LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 QWEN_1_7B_LAYER = [(2048, 2048), (1024, 2048), (1024, 2048), (2048, 2048), (6144, 2048), (6144, 2048),

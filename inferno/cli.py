@@ -14,7 +14,7 @@ import sys
 from inferno import __version__
 from inferno.backends import DEFAULT_BACKEND, backend_names
 from inferno.backends.base import CACHE_TYPES
-from inferno.backends.quant import QUANTIZERS
+from inferno.formats.quant import QUANTIZERS
 from inferno.errors import InfernoError, as_flags
 from inferno.model.resolve import DEFAULT_MODEL
 from inferno.model.sampling import SAMPLING_FIELDS, SamplingParams

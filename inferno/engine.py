@@ -18,7 +18,7 @@ import numpy as np
 
 from inferno.backends import DEFAULT_BACKEND, create_backend
 from inferno.backends.base import CACHE_TYPES
-from inferno.backends.quant import QUANTIZERS, quantize
+from inferno.formats.quant import QUANTIZERS
 from inferno.backends.tracing import TracingBackend
 from inferno.constrain import Grammar, Grammars
 from inferno.tools import detect_format, for_template, supports_tools
@@ -379,6 +379,8 @@ def check_max_tokens(max_tokens: int) -> None:
 def quantize_weights(checkpoint: Checkpoint, qtype: str) -> None:
     """Every float matrix of the checkpoint (float32, or 16-bit kept as stored) quantized to
     `qtype` in place, rows of whole 32-weight blocks only; one line on stderr says what it did."""
+    from inferno.backends.numba.qkernels import quantize  # the numba kernel: --weights only
+
     t0 = time.perf_counter()
     done = kept = 0
     for name, w in checkpoint.tensors.items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inferno.backends.quant import QTYPES, QuantTensor
+from inferno.formats.quant import QTYPES, QuantTensor
 
 # Byte offsets of the float16 fields in each type's block (scales d, mins m, K-quants' dmin).
 F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),

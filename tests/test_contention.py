@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import inferno
-from inferno.backends.contention import Contention, busy_seconds
+from inferno.backends.numba.contention import Contention, busy_seconds
 
 
 class Fake:

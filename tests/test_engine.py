@@ -92,7 +92,7 @@ def test_weights_that_do_not_match_the_config_are_a_clear_error(qwen3_dir, tmp_p
 
 
 def test_a_failed_load_gives_the_backend_back():
-    from inferno.backends import blas
+    from inferno.backends.numba import blas
     from inferno.errors import InfernoError
     before = blas.thread_counts()
     with pytest.raises(InfernoError):

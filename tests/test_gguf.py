@@ -13,7 +13,7 @@ from tiny_gguf import T, mixed_types, permute, write_gguf
 
 import inferno
 from inferno.backends import create_backend
-from inferno.backends.quant import QTYPES, QuantTensor
+from inferno.formats.quant import QTYPES, QuantTensor
 from inferno.engine import Engine
 from inferno.errors import InfernoError
 from inferno.model.gguf import tensor, unpermute_qk

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from tiny_gguf import V, gguf_bytes, gguf_kv, gguf_string, gguf_tensor
 
-from inferno.backends.quant import QTYPES
+from inferno.formats.quant import QTYPES
 from inferno.errors import InfernoError
-from inferno.backends.quant import GGML_TYPES
+from inferno.formats.quant import GGML_TYPES
 from inferno.model.gguf_file import FILE_TYPES, file_type_name, read_gguf
 
 

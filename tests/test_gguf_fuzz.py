@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_gguf import mixed_types, write_gguf
 
-from inferno.backends.quant import QuantTensor
+from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
 from inferno.model.loader import open_checkpoint
 

@@ -14,8 +14,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from inferno.backends import create_backend, triton_decode  # noqa: E402
-from inferno.backends.gpu import GpuBackend  # noqa: E402
+from inferno.backends import create_backend
+from inferno.backends.torch import triton_decode  # noqa: E402
+from inferno.backends.torch.gpu import GpuBackend  # noqa: E402
 from inferno.engine import Engine  # noqa: E402
 from inferno.errors import InfernoError  # noqa: E402
 from inferno.model.loader import open_checkpoint  # noqa: E402

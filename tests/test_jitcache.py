@@ -1,5 +1,5 @@
 """A warm load takes inferno's kernels from Numba's cache without Numba's compiler set-up
-(inferno/backends/jitcache.py), and they compute what they computed before.
+(inferno/backends/numba/jitcache.py), and they compute what they computed before.
 
 Each check runs in a fresh interpreter: this one has compiled and refreshed long ago."""
 
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import inferno
-from inferno.backends import jitcache
+from inferno.backends.numba import jitcache
 from inferno.model.resolve import resolve
 
 SCRIPT = """
@@ -123,7 +123,7 @@ def test_nothing_compiles_during_generation(tmp_path_factory):
 STALE = """
 import numpy as np
 from numba.core.event import install_recorder
-from inferno.backends import jitcache, pool
+from inferno.backends.numba import jitcache, pool
 x = np.ones((4, 8), np.float32)
 with install_recorder("numba:compile") as rec:
     pool._softmax(x, np.empty_like(x), 2)  # calls kernels.softmax_rows, in another file
@@ -155,8 +155,8 @@ def test_a_changed_callee_recompiles_its_callers(tmp_path):
     first = run()
     assert first[1] > 0  # an empty cache: it compiles
     assert run() == (first[0], 0)  # cached
-    kernels = copy / "inferno" / "backends" / "kernels.py"
+    kernels = copy / "inferno" / "backends" / "numba" / "kernels.py"
     kernels.write_text(kernels.read_text() + "\n# an edit below pool's wrappers\n")
     third = run()
     assert third[0] != first[0] and third[1] > 0  # a new folder, compiled afresh
-    assert (copy / "inferno" / "backends" / "__pycache__" / first[0]).is_dir()  # the old one stays, unused
+    assert (copy / "inferno" / "backends" / "numba" / "__pycache__" / first[0]).is_dir()  # the old one stays

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from inferno.backends import cache_types, create_backend
-from inferno.backends import kv_kernels as KV
+from inferno.formats import cache_types
+from inferno.backends import create_backend
+from inferno.backends.numba import kv_kernels as KV
 from inferno.backends.base import CACHE_TYPES
 from inferno.backends.cpu import CpuBackend
-from inferno.backends.pool import PoolBackend
-from inferno.backends.simd import SimdBackend
+from inferno.backends.numba.pool import PoolBackend
+from inferno.backends.numba.simd import SimdBackend
 from inferno.errors import InfernoError
 
 REF = CpuBackend()
@@ -132,7 +133,7 @@ def test_write_kv_rows_scatters_like_write_kv(cpu_ops, cache_type):
 
 
 def test_write_kv_rows_on_torch():
-    from inferno.backends.torch_backend import TorchBackend
+    from inferno.backends.torch.torch_backend import TorchBackend
     ops = TorchBackend(device="cpu")
     buf = ops.kv_buffer(3, 8, 64, "f16")
     x = rand(2, 64, seed=6)

@@ -27,13 +27,14 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize as gguf_quantize
 from qblocks import random_blocks
 
-from inferno.backends import qdot
-from inferno.backends import qkernels as Q
+from inferno.backends.numba import qdot
+from inferno.backends.numba import qkernels as Q
 from inferno.backends.cpu import CpuBackend
-from inferno.backends.pool import PoolBackend
-from inferno.backends.quant import QTYPES, QuantTensor, quantize
+from inferno.backends.numba.pool import PoolBackend
+from inferno.backends.numba.qkernels import quantize
+from inferno.formats.quant import QTYPES, QuantTensor
 from inferno.errors import InfernoError
-from inferno.backends.simd import SimdBackend
+from inferno.backends.numba.simd import SimdBackend
 
 TYPES = list(QTYPES)
 REF = CpuBackend()
@@ -185,7 +186,7 @@ def test_prefill_tiles_and_partial_tiles(ops, name, int8, outliers, monkeypatch)
     """Many activation rows: dequantised tiles into sgemm, with a last tile that is short; or,
     for Q4_K and Q6_K with int8 activations, their integer kernel over every row, with the
     remainder row for a weight whose inputs carry outliers."""
-    from inferno.backends import pool, simd
+    from inferno.backends.numba import pool, simd
     monkeypatch.setattr(ops, "int8_activations", int8)
     monkeypatch.setattr(simd, "prefill_tile", lambda cols: 16)
     monkeypatch.setattr(pool, "prefill_tile", lambda cols: 16)
@@ -327,7 +328,7 @@ def test_quantize_refuses_what_it_cannot_do():
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_torch_dequantises_at_load(name, dtype):
     torch = pytest.importorskip("torch")
-    from inferno.backends.torch_backend import TorchBackend
+    from inferno.backends.torch.torch_backend import TorchBackend
     ops = TorchBackend(device="cpu", dtype=dtype)
     w = random_blocks(name, 9, width(name, 2), seed=7, readonly=True)
     t = ops.weight(w)

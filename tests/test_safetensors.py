@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tiny import make_model
 
-from inferno.backends.quant import QuantTensor
+from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
 from inferno.model.safetensors import SafetensorsFile, load_folder_tensors
 

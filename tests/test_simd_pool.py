@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 
 import inferno
-from inferno.backends import blas, create_backend
-from inferno.backends import kernels as K
+from inferno.backends.numba import blas
+from inferno.backends import create_backend
+from inferno.backends.numba import kernels as K
 from inferno.backends.cpu import CpuBackend
-from inferno.backends.pool import PoolBackend
-from inferno.backends.simd import SimdBackend
+from inferno.backends.numba.pool import PoolBackend
+from inferno.backends.numba.simd import SimdBackend
 from inferno.errors import InfernoError
 
 SEQS = [1, 17, 63, 64, 65, 100, 200]
@@ -260,7 +261,7 @@ def test_blas_runs_one_thread_while_a_backend_lives():
 CYTHON_BLAS_CHECK = """
 import sys
 import numpy as np
-from inferno.backends import blas, kernels
+from inferno.backends.numba import blas, kernels
 blas.load_cython_blas()
 assert "scipy.linalg" not in sys.modules, "scipy.linalg's package init ran"
 a, b = np.random.default_rng(0).standard_normal((2, 40, 40), dtype=np.float32)

@@ -11,7 +11,7 @@ import torch
 
 import inferno
 from inferno.backends import OPS, create_backend
-from inferno.backends import torch_backend as tb
+from inferno.backends.torch import torch_backend as tb
 from inferno.backends.base import Backend
 from inferno.errors import InfernoError
 

@@ -18,7 +18,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are defined: @triton.
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from inferno.backends import triton_decode as td  # noqa: E402
+from inferno.backends.torch import triton_decode as td  # noqa: E402
 
 if not td.INTERPRET:  # imported earlier in this process for CUDA: define the kernels again
     td = importlib.reload(td)

@@ -18,14 +18,14 @@ class Entry(NamedTuple):
 
 REGISTRY = {
     "cpu": Entry("inferno.backends.cpu", "CpuBackend", "numpy"),
-    "simd": Entry("inferno.backends.simd", "SimdBackend", "numba and scipy", ("int8_activations",)),
-    "pool": Entry("inferno.backends.pool", "PoolBackend", "numba and scipy",
+    "simd": Entry("inferno.backends.numba.simd", "SimdBackend", "numba and scipy", ("int8_activations",)),
+    "pool": Entry("inferno.backends.numba.pool", "PoolBackend", "numba and scipy",
                   ("threads", "int8_activations", "adaptive")),
-    "torch": Entry("inferno.backends.torch_backend", "TorchBackend",
+    "torch": Entry("inferno.backends.torch.torch_backend", "TorchBackend",
                    "torch: on a CPU-only machine its CPU build first (pip install torch --index-url "
                    "https://download.pytorch.org/whl/cpu; PyPI's default is a multi-GB CUDA build), "
                    "then pip install -e '.[torch]' in inferno's folder", ("device", "dtype")),
-    "gpu": Entry("inferno.backends.gpu", "GpuBackend",
+    "gpu": Entry("inferno.backends.torch.gpu", "GpuBackend",
                  "torch and triton on CUDA: pip install -e '.[gpu]' in inferno's folder",
                  ("dtype", "decode", "prefill")),
 }

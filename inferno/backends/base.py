@@ -19,8 +19,8 @@ import contextlib
 
 import numpy as np
 
-from inferno.backends import cache_types
-from inferno.backends.quant import QuantTensor
+from inferno.formats import cache_types
+from inferno.formats.quant import QuantTensor
 
 # Keys per streamed K/V tile (and query rows per block) in the flash defaults.
 TILE = 64

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferno.backends.quant import QuantTensor
+from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
 from inferno.model.config import ModelConfig
 from inferno.model.kv_cache import KVCache

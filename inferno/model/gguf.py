@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from inferno.backends.cache_types import widen_bf16
-from inferno.backends.quant import QTYPES, QuantTensor
+from inferno.formats.cache_types import widen_bf16
+from inferno.formats.quant import QTYPES, QuantTensor
 from inferno.errors import InfernoError, one_line
 from inferno.model.config import ModelConfig, RopeScaling
 from inferno.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 from inferno.model.gguf_tokenizer import tokenizer_from_gguf
-from inferno.model.loader import Checkpoint
+from inferno.model.checkpoint import Checkpoint
 from inferno.model.sampling import gguf_sampling
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")

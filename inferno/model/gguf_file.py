@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferno.backends.quant import GGML_TYPES
+from inferno.formats.quant import GGML_TYPES
 from inferno.errors import InfernoError
 
 MAGIC = b"GGUF"

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from inferno.backends.quant import QuantTensor
 from inferno.errors import InfernoError
+from inferno.model.checkpoint import Checkpoint, progress_bar
 from inferno.model.config import ModelConfig
+from inferno.model.gguf import load_gguf
 from inferno.model.gguf_file import MAGIC
 from inferno.model.resolve import resolve
 from inferno.model.safetensors import load_folder_tensors
@@ -25,31 +25,6 @@ from inferno.model.sampling import generation_config_sampling
 from inferno.model.tokenizer import Tokenizer, read_json
 
 FOLDER_CONTENTS = "config.json, *.safetensors and tokenizer.json"
-
-
-@dataclass
-class Checkpoint:
-    config: ModelConfig
-    tensors: dict[str, QuantTensor | np.ndarray]  # Hugging Face names
-    tokenizer: Tokenizer
-    source: str  # where it came from, for messages
-    file_format: str = "safetensors"  # or "gguf"
-    metadata: dict = field(default_factory=dict)
-    # Sampling defaults the model carries, as (where from, {field: value}) layers, later ones
-    # winning: generation_config.json, a GGUF's general.sampling.*, an alias's.
-    sampling: list = field(default_factory=list)
-
-
-def progress_bar(enabled: bool):
-    """A tqdm wrapper on stderr when enabled, else None (loaders then iterate plainly). tqdm is
-    imported on first use: most loads now have no slow loop to show."""
-    if not enabled:
-        return None
-
-    def bar(items, **kwargs):
-        from tqdm import tqdm
-        return tqdm(items, leave=False, dynamic_ncols=True, **kwargs)
-    return bar
 
 
 def load_hf_folder(folder: Path, progress: bool = False) -> Checkpoint:
@@ -95,7 +70,6 @@ def text_model_tensors(tensors: dict) -> dict:
 def open_checkpoint(model: str | Path | None = None, progress: bool = False) -> Checkpoint:
     """Load `model`: a folder, a .gguf file, a hub id or an alias (None: the default model);
     see inferno.model.resolve for how each is found or fetched."""
-    from inferno.model.gguf import load_gguf  # here: gguf.py imports this module
 
     path = resolve(model)
     with collector_paused():

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from inferno.backends.cache_types import widen_bf16
-from inferno.backends.quant import QuantTensor
+from inferno.formats.cache_types import widen_bf16
+from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError, one_line
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}

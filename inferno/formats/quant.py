@@ -110,23 +110,3 @@ class QuantTensor:
 
 
 QUANTIZERS = ("q8_0", "q4_0")
-
-
-def quantize(w: np.ndarray, qtype: str) -> QuantTensor:
-    """float32 rows w [rows, cols] quantized to "q8_0" or "q4_0" (for `--weights`): the same
-    bytes as the gguf package's quantizers (ports of ggml's reference ones), on all cores (one
-    core here: Q8_0 0.27, Q4_0 0.7 Gw/s of CPU time; gguf's 0.1)."""
-    import numba
-
-    from inferno.backends import qkernels
-
-    if qtype not in QUANTIZERS:
-        raise InfernoError(f"cannot quantize to {qtype!r}; choose one of: {', '.join(QUANTIZERS)}")
-    w = np.ascontiguousarray(w, dtype=np.float32)
-    rows, cols = w.shape
-    if cols % 32:
-        raise InfernoError(f"{qtype} needs rows of whole 32-weight blocks, got {cols} columns")
-    q = QTYPES[qtype.upper()]
-    out = np.empty((rows, q.row_bytes(cols)), dtype=np.uint8)
-    qkernels.quantize_par(w, out, qtype == "q8_0", max(1, min(numba.get_num_threads(), rows)))
-    return QuantTensor(q, (rows, cols), out)

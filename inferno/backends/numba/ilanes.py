@@ -23,7 +23,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from inferno.backends.lanes import _VF, _address, f32x16, kscale_bytes
+from inferno.backends.numba.lanes import _VF, _address, f32x16, kscale_bytes
 
 _I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()

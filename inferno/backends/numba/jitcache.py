@@ -56,8 +56,9 @@ def cache_key() -> str:
     import numba
 
     h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.rglob("*.py")):
-        h.update(path.relative_to(Path(__file__).parent).as_posix().encode() + b"\0" + path.read_bytes())
+    package = Path(__file__).parents[2]  # inferno/: the kernels import the backends' and the formats' code
+    for path in sorted([*(package / "backends").rglob("*.py"), *(package / "formats").rglob("*.py")]):
+        h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
     h.update(f"numba {numba.__version__} llvmlite {llvmlite.__version__} {sys.version_info[:2]}".encode())
     h.update(f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}".encode())
     return h.hexdigest()[:20]

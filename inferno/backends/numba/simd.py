@@ -18,13 +18,14 @@ import ctypes
 
 import numpy as np
 
-from inferno.backends import blas, cache_types, jitcache
-from inferno.backends import kernels as K
-from inferno.backends import kv_kernels as KV
-from inferno.backends import qkernels as Q
+from inferno.backends.numba import blas, jitcache
+from inferno.formats import cache_types
+from inferno.backends.numba import kernels as K
+from inferno.backends.numba import kv_kernels as KV
+from inferno.backends.numba import qkernels as Q
 from inferno.backends.base import CACHE_TYPES, Backend, check_decode, check_window, score_scale
-from inferno.backends.ilanes import fast_int_dot
-from inferno.backends.quant import QuantTensor
+from inferno.backends.numba.ilanes import fast_int_dot
+from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
 
 

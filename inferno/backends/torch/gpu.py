@@ -1,7 +1,7 @@
 """`gpu`: the torch backend on CUDA, with decode attention through the Triton kernel.
 
 Decode (`decode_attention`, a batch of sequences in their own cache slots, in one launch) runs
-inferno/backends/triton_decode.py: GQA-packed tiles, the KV sequence (or its sliding window)
+inferno/backends/torch/triton_decode.py: GQA-packed tiles, the KV sequence (or its sliding window)
 split across programs, and the S/P ping-pong loop by default (`decode="serial"` keeps
 the plain loop, for comparison). Prefill has two candidates, chosen by `prefill`:
 - "materialized": the torch backend's batched materialized scores (cuBLAS matmuls);
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from inferno.backends.base import check_decode, score_scale
-from inferno.backends.torch_backend import TorchBackend, band_mask, materialized_gqa
+from inferno.backends.torch.torch_backend import TorchBackend, band_mask, materialized_gqa
 from inferno.errors import InfernoError
 
 PREFILL_PATHS = ("sdpa", "materialized")
@@ -43,7 +43,7 @@ class GpuBackend(TorchBackend):
             raise InfernoError("the gpu backend needs a CUDA GPU; use --backend torch (cuda, mps "
                                "or cpu) or a CPU backend")
         try:
-            from inferno.backends import triton_decode
+            from inferno.backends.torch import triton_decode
         except ImportError as e:
             raise InfernoError(f"the gpu backend needs triton: pip install -e '.[gpu]' in inferno's folder ({e})") from None
         if device == "cpu" and not triton_decode.INTERPRET:

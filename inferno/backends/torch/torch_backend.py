@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from inferno.backends.base import (CACHE_TYPES, QUANT_TILE, Backend, check_decode, check_window,
                                    score_scale)
-from inferno.backends.quant import QuantTensor
+from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -100,7 +100,7 @@ class TorchBackend(Backend):
     def _dequantized(self, w: QuantTensor):
         """w at this backend's dtype, dequantised a tile of rows at a time (host memory stays
         bounded by one tile, the whole tensor exists only at the target dtype)."""
-        from inferno.backends.qkernels import dequantize
+        from inferno.backends.numba.qkernels import dequantize
 
         rows, cols = w.shape
         out = torch.empty(rows, cols, dtype=self.dtype, device=self.device)

@@ -49,12 +49,12 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from inferno.backends.ilanes import (
+from inferno.backends.numba.ilanes import (
     bbits, bhigh, bload, fsum8, fzero8, iadd, ifma, izero, kscales, maddubs, maddwd, vamax, vrint,
     vstore_i8, wbytes, wfloat, wpair, wsplat,
 )
-from inferno.backends.kernels import FAST
-from inferno.backends.lanes import (
+from inferno.backends.numba.kernels import FAST
+from inferno.backends.numba.lanes import (
     f16at, prefetch, vfma, vload, vmul, vpairs_hi, vsplat, vstore, vsum, vzero,
 )
 

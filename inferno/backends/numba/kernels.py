@@ -18,7 +18,7 @@ import math
 import numba as nb
 import numpy as np
 
-from inferno.backends import jitcache  # noqa: F401  first: where the kernels below are cached
+from inferno.backends.numba import jitcache  # noqa: F401  first: where the kernels below are cached
 from inferno.backends.base import TILE
 
 FAST = {"reassoc", "contract", "arcp", "nsz"}

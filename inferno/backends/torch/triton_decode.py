@@ -371,7 +371,7 @@ def _check(q, k, v, kv_lens, slots, window, n_heads, n_kv_heads, head_dim):
         raise ValueError(f"window must be 0 (none) or a number of keys, got {window}")
     if q.device.type == "cpu" and not INTERPRET:
         raise RuntimeError("CPU tensors run under Triton's interpreter: set TRITON_INTERPRET=1 "
-                           "before importing inferno.backends.triton_decode")
+                           "before importing inferno.backends.torch.triton_decode")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"the Triton decode kernel runs on CUDA (or the CPU interpreter), "
                          f"not {q.device.type}")

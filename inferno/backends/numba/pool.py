@@ -34,14 +34,14 @@ import threading
 import numba as nb
 import numpy as np
 
-from inferno.backends import jitcache
-from inferno.backends import kernels as K
-from inferno.backends import kv_kernels as KV
-from inferno.backends.contention import Contention
-from inferno.backends import qkernels as Q
-from inferno.backends.qkernels import chunk_start
-from inferno.backends.quant import QuantTensor
-from inferno.backends.simd import SimdBackend, check_width, contiguous, prefill_tile, token_ids
+from inferno.backends.numba import jitcache
+from inferno.backends.numba import kernels as K
+from inferno.backends.numba import kv_kernels as KV
+from inferno.backends.numba.contention import Contention
+from inferno.backends.numba import qkernels as Q
+from inferno.backends.numba.qkernels import chunk_start
+from inferno.formats.quant import QuantTensor
+from inferno.backends.numba.simd import SimdBackend, check_width, contiguous, prefill_tile, token_ids
 from inferno.errors import InfernoError
 
 _LAUNCH = threading.Lock()  # NOTE: process-wide, like Numba's worker team it guards

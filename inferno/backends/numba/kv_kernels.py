@@ -34,14 +34,14 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, overload
 
-from inferno.backends import jitcache
+from inferno.backends.numba import jitcache
 from inferno.backends.base import CACHE_TYPES
-from inferno.backends.cache_types import Q8_0_BYTES, QK8_0
-from inferno.backends.kernels import FAST, exp_into, jit
-from inferno.backends.lanes import (
+from inferno.formats.cache_types import Q8_0_BYTES, QK8_0
+from inferno.backends.numba.kernels import FAST, exp_into, jit
+from inferno.backends.numba.lanes import (
     f16at, f16bits, u32at, vadd, vbf16, vf16, vfma, vi8, vload, vmul, vsplat, vstore, vsum, vzero,
 )
-from inferno.backends.qkernels import quantize_q8_0
+from inferno.backends.numba.qkernels import quantize_q8_0
 
 F32, F16, BF16, Q8_0 = (CACHE_TYPES.index(t) for t in ("f32", "f16", "bf16", "q8_0"))
 

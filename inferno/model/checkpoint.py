@@ -1,0 +1,38 @@
+"""A model as read from its files: config, tensors (by Hugging Face name), tokenizer, and what
+the loaders share (a progress bar). Both readers (loader.py for folders, gguf.py for GGUF files)
+return one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inferno.formats.quant import QuantTensor
+from inferno.model.config import ModelConfig
+from inferno.model.tokenizer import Tokenizer
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    tensors: dict[str, QuantTensor | np.ndarray]  # Hugging Face names
+    tokenizer: Tokenizer
+    source: str  # where it came from, for messages
+    file_format: str = "safetensors"  # or "gguf"
+    metadata: dict = field(default_factory=dict)
+    # Sampling defaults the model carries, as (where from, {field: value}) layers, later ones
+    # winning: generation_config.json, a GGUF's general.sampling.*, an alias's.
+    sampling: list = field(default_factory=list)
+
+
+def progress_bar(enabled: bool):
+    """A tqdm wrapper on stderr when enabled, else None (loaders then iterate plainly). tqdm is
+    imported on first use: most loads now have no slow loop to show."""
+    if not enabled:
+        return None
+
+    def bar(items, **kwargs):
+        from tqdm import tqdm
+        return tqdm(items, leave=False, dynamic_ncols=True, **kwargs)
+    return bar
