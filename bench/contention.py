@@ -57,8 +57,8 @@ def table(model, reps: int, label: str) -> None:
     base_dec = np.median([r["decode_tokens_per_s"] for r in base])
     base_ttft = np.median([r["ttft_s"] for r in base])
     print(f"\n{label}")
-    print(f"| setting | decode tok/s | TTFT ms | decode / --threads 1 | TTFT / --threads 1 |")
-    print(f"| --- | ---: | ---: | ---: | ---: |")
+    print("| setting | decode tok/s | TTFT ms | decode / --threads 1 | TTFT / --threads 1 |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for name, rs in runs.items():
         dec, ttft = np.median([r["decode_tokens_per_s"] for r in rs]), np.median([r["ttft_s"] for r in rs])
         print(f"| {name} | {dec:.1f} | {ttft * 1e3:.1f} | {dec / base_dec:.2f}x | {ttft / base_ttft:.2f}x |")

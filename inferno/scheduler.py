@@ -190,7 +190,14 @@ class Scheduler:
                 self.prompt_computed += seg.ids.size
             if not seq.prefilling:
                 sampling.append((seq, row))
-        masks = masks_for([seq for seq, _ in sampling])  # the whole batch's, in one call
+        try:
+            masks = masks_for([seq for seq, _ in sampling])  # the whole batch's, in one call
+        except Exception as e:  # the grammar library's fault: its sequences fail, the rest go on
+            for seq, _ in sampling:
+                if seq.matcher is not None:
+                    self._fail(seq, e, events)
+            sampling = [(seq, row) for seq, row in sampling if seq.matcher is None]
+            masks = [None] * len(sampling)
         for (seq, row), mask in zip(sampling, masks):
             try:
                 event = seq.accept(row, mask)

@@ -4,7 +4,6 @@ another slot, and a reused prefix gives what a fresh prefill gives."""
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest

@@ -305,3 +305,22 @@ def test_tools_without_a_tool_template_get_the_generic_format(real):
     r = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="none", temperature=0,
                                        max_tokens=8)
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_failing_grammar_fails_its_sequence_only(tool_model_dir, monkeypatch):
+    import inferno.scheduler
+    engine = inferno.load(tool_model_dir, progress=False)
+    greedy = SamplingParams(temperature=0, top_k=0, top_p=1, min_p=0)
+    grammar = engine.constraint(json_schema={"type": "array", "items": {"enum": ["a", "b"]}})
+
+    def broken(seqs):
+        if any(s.matcher is not None for s in seqs):
+            raise RuntimeError("the grammar library failed")
+        return [None] * len(seqs)
+    monkeypatch.setattr(inferno.scheduler, "masks_for", broken)
+    with BatchEngine(engine, parallel=2, ctx_size=256) as batch:
+        bad = batch.submit(engine.encode_prompt("Letters"), Options(max_tokens=8, sampling=greedy, grammar=grammar))
+        good = batch.submit(engine.encode_prompt("Once upon"), Options(max_tokens=8, sampling=greedy))
+        bad_events, good_events = list(bad), list(good)
+    assert bad_events[-1].finish_reason == "error" and "grammar library" in bad_events[-1].error
+    assert good_events[-1].finish_reason == "length" and not good_events[-1].error
