@@ -392,3 +392,16 @@ def test_a_bad_model_is_one_line_before_any_port_is_bound(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and p.stderr.startswith("inferno: error: ") and p.stderr.count("\n") == 1
     assert "Uvicorn" not in p.stderr
+
+
+def test_a_log_line_per_request(client, caplog):
+    import logging
+    with caplog.at_level(logging.INFO, logger="inferno.serve"):
+        r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, stream=True).close()
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="nope", messages=MESSAGES)
+    lines = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("POST /v1/")]
+    assert any(ln.startswith("POST /v1/chat/completions 200 prompt ") and f"generated {r.usage.completion_tokens}" in ln
+               and "cached" in ln and "TTFT" in ln and ln.endswith(" ms") for ln in lines), lines
+    assert any(ln.startswith("POST /v1/chat/completions 404,") for ln in lines), lines
