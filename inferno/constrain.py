@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache, cached_property
+from typing import TYPE_CHECKING
 
-import llguidance as llg
 import numpy as np
-from llguidance.gbnf_to_lark import any_to_lark
 
 from inferno.errors import InfernoError, one_line
+
+if TYPE_CHECKING:  # the library itself loads on first use (_llguidance)
+    import llguidance as llg
 
 # JSON whitespace: at most 20 characters where JSON allows it (llama.cpp bounds it the same way);
 # unbounded, a weak model can fill its whole budget with newlines inside a constrained object.
@@ -62,6 +64,7 @@ class Grammars:
     def lltok(self) -> llg.LLTokenizer:
         """llguidance's tokenizer, built on first use: ~1 s for a 150k vocabulary, holding the
         GIL, so a server that will constrain should touch it at load."""
+        llg = _llguidance()
         try:
             return llg.LLTokenizer(self.tokenizer.hf.to_str(), n_vocab=self.mask_width,
                                    eos_token=list(self.eos_ids))
@@ -113,10 +116,12 @@ class Grammars:
     def _compile(self, kind: str, source: str) -> Grammar:
         what = {"json_schema": "JSON Schema", "json_object": "JSON Schema", "grammar": "GBNF grammar",
                 "regex": "regex", "lark": "Lark grammar"}[kind]
+        llg = _llguidance()
         try:
             if kind in ("json_schema", "json_object"):
                 text = llg.LLMatcher.grammar_from_json_schema(source, defaults=JSON_OPTIONS)
             elif kind == "grammar":
+                from llguidance.gbnf_to_lark import any_to_lark
                 text = llg.LLMatcher.grammar_from_lark(any_to_lark(source))
             elif kind == "regex":
                 text = llg.LLMatcher.grammar_from_regex(source)
@@ -181,7 +186,14 @@ def allocate(n: int, vocab: int) -> np.ndarray:
 
 @cache
 def _executor() -> llg.LLExecutor:
-    return llg.LLExecutor()  # llguidance's own thread pool, shared by every engine
+    return _llguidance().LLExecutor()  # llguidance's own thread pool, shared by every engine
+
+
+def _llguidance():
+    """The library, imported on first use: 40 ms that a load without constrained output
+    (every `inferno generate`) does not pay."""
+    import llguidance
+    return llguidance
 
 
 def fill_masks(matchers: list[Matcher | None], bitmask: np.ndarray) -> None:
