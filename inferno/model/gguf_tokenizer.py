@@ -228,7 +228,7 @@ def cached_merges(tokens: list, scores: list, vocab: dict) -> list[tuple[str, st
     that cannot be read or written is computed around, never an error."""
     if len(tokens) < CACHE_MERGES_FROM:
         return _merges(tokens, scores, vocab)
-    from inferno.model.resolve import cache_dir
+    from inferno.paths import cache_dir
     key = hashlib.blake2b(MERGES_VERSION, digest_size=20)
     key.update("\0".join(tokens).encode("utf-8", "surrogatepass"))
     key.update(np.asarray(scores, np.float64).tobytes())

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferno.errors import InfernoError, one_line
+from inferno.paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
 HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt"]
@@ -92,14 +93,6 @@ ALIASES = {a.name: a for a in [
           licence="Gemma 3 is provided under the Gemma Terms of Use (https://ai.google.dev/gemma/terms); "
                   "by using it you agree to them"),
 ]}
-
-
-def cache_dir() -> Path:
-    """inferno's cache: INFERNO_CACHE, else $XDG_CACHE_HOME/inferno, else ~/.cache/inferno."""
-    if os.environ.get("INFERNO_CACHE"):
-        return Path(os.environ["INFERNO_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "inferno"
 
 
 def resolve(model: str | Path | None = None) -> Path:

@@ -81,11 +81,11 @@ def use_keyed_cache() -> Path | None:
 
     if os.environ.get("NUMBA_CACHE_DIR"):
         return None
+    from inferno.paths import cache_dir
+
     key = cache_key()
-    base = os.environ.get("INFERNO_CACHE")
-    cache = Path(base).expanduser() if base else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "inferno"
     beside = Path(__file__).parent / "__pycache__" / f"kernels-{key}"
-    folder = next((f for f in (beside, cache / "kernels" / key) if _writable(f)), None)
+    folder = next((f for f in (beside, cache_dir() / "kernels" / key) if _writable(f)), None)
     if folder is None:
         return None
     numba.config.CACHE_DIR = str(folder)
