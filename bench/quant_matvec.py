@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from qblocks import random_blocks  # noqa: E402
 
 from inferno.backends.numba import qkernels as Q  # noqa: E402
+from inferno.backends.numba.codes import WeightKind  # noqa: E402
 from inferno.backends.numba.ilanes import fast_int_dot  # noqa: E402
 from inferno.backends.numba.pool import PoolBackend  # noqa: E402
 from inferno.formats.quant import QTYPES, QuantTensor  # noqa: E402
@@ -109,7 +110,7 @@ def decode_table(types, reps):
             prepared = {be.name: [be.weight(w) for w in ws] for be in (simd, pool)}
             run = {be.name: (lambda be=be: [be.linear(xs[w.shape[1]], w) for w in prepared[be.name]])
                    for be in (simd, pool)}
-            int8 = name in Q.KINDS and bool(Q.int_dot(Q.KINDS[name])) and fast_int_dot()
+            int8 = name in WeightKind.__members__ and bool(Q.int_dot(int(WeightKind[name]))) and fast_int_dot()
             for x_type in ("f32", "int8") if int8 else ("f32",):
                 simd.int8_activations = pool.int8_activations = x_type == "int8"
                 t = rounds({"simd": run["simd"]}, reps, one_thread=True) | rounds({"pool": run["pool"]}, reps)
@@ -129,7 +130,7 @@ def few_table(types, reps):
     print(f"{'type':<6} {'x':<4} " + " ".join(f"{'B=' + str(b):>8} {'reads':>6}" for b in sizes))
     for name in ["F32"] + types:
         ws = [simd.weight(w) for w in weights(name, SMOL_LAYER, 10)]
-        int8 = name in Q.KINDS and bool(Q.int_dot(Q.KINDS[name])) and fast_int_dot()
+        int8 = name in WeightKind.__members__ and bool(Q.int_dot(int(WeightKind[name]))) and fast_int_dot()
         for x_type in ("f32", "int8") if int8 else ("f32",):
             simd.int8_activations = x_type == "int8"
             fns = {}

@@ -126,14 +126,14 @@ from numba.core.event import install_recorder
 from inferno.backends.numba import jitcache, pool
 x = np.ones((4, 8), np.float32)
 with install_recorder("numba:compile") as rec:
-    pool._softmax(x, np.empty_like(x), 2)  # calls kernels.softmax_rows, in another file
+    pool._softmax(x, np.empty_like(x), 2)  # calls dense.softmax_rows, in another file
 print(jitcache.CACHE_FOLDER.name, sum(e[1].is_start for e in rec.buffer), pool.__file__)
 """
 
 
 def test_a_changed_callee_recompiles_its_callers(tmp_path):
     """Numba keys a cached kernel on its own file's stamp: an edit to a file it calls into
-    (kernels.py, below pool's wrappers) would leave its machine code stale. inferno's kernel
+    (dense.py, below pool's wrappers) would leave its machine code stale. inferno's kernel
     cache is keyed on every backend source, so the caller compiles again. On a copy of the
     package, in fresh processes."""
     import os
@@ -155,7 +155,7 @@ def test_a_changed_callee_recompiles_its_callers(tmp_path):
     first = run()
     assert first[1] > 0  # an empty cache: it compiles
     assert run() == (first[0], 0)  # cached
-    kernels = copy / "inferno" / "backends" / "numba" / "kernels.py"
+    kernels = copy / "inferno" / "backends" / "numba" / "dense.py"
     kernels.write_text(kernels.read_text() + "\n# an edit below pool's wrappers\n")
     third = run()
     assert third[0] != first[0] and third[1] > 0  # a new folder, compiled afresh

@@ -29,6 +29,7 @@ from qblocks import random_blocks
 
 from inferno.backends.numba import qdot
 from inferno.backends.numba import qkernels as Q
+from inferno.backends.numba.codes import WeightKind
 from inferno.backends.cpu import CpuBackend
 from inferno.backends.numba.pool import PoolBackend
 from inferno.backends.numba.qkernels import quantize
@@ -97,7 +98,7 @@ def assert_int8_close(got, x, w: QuantTensor, two: bool):
 def assert_matches(ops, got, x, w: QuantTensor):
     """got == x @ w.T as the kernel that ran promises: float32 rounding, or int8 activations'."""
     mode = ops._int8_mode(w)
-    if mode and Q.int_dot(Q.KINDS[w.qtype.name]):
+    if mode and Q.int_dot(int(WeightKind.of(w))):
         assert_int8_close(got, x, w, mode == 2)
     else:
         assert_rounding_close(got, x, w)
@@ -215,7 +216,7 @@ def test_embedding_rejects_ids_outside_the_table(ops):
 def test_dequant_rows_is_bit_exact(name):
     w = random_blocks(name, 9, width(name, 3), seed=11)
     out = np.full(w.shape, np.nan, dtype=np.float32)
-    Q.dequant_rows(Q.KINDS[name], w.data, out, 2, 9)
+    Q.dequant_rows(int(WeightKind[name]), w.data, out, 2, 9)
     assert np.array_equal(out[:7], w.dequantize(2, 9))
 
 

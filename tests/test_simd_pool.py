@@ -21,7 +21,7 @@ import pytest
 import inferno
 from inferno.backends.numba import blas
 from inferno.backends import create_backend
-from inferno.backends.numba import kernels as K
+from inferno.backends.numba import dense as K
 from inferno.backends.cpu import CpuBackend
 from inferno.backends.numba.pool import PoolBackend
 from inferno.backends.numba.simd import SimdBackend
@@ -171,7 +171,7 @@ def test_flash_prefill_query_offset(ops, seq_q, seq_k, causal):
 @pytest.mark.parametrize("seq_q,seq_k", [(767, 767), (769, 769), (500, 3071), (100, 3080)])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_flash_prefill_taller_query_blocks(ops, seq_q, seq_k, causal):
-    """Long prompts walk taller query blocks (kernels.query_block): both sides of each switch."""
+    """Long prompts walk taller query blocks (attention.query_block): both sides of each switch."""
     q, k, v = qkv(seq_k, seq_q, seq_k, 4, 2, 32)
     assert_close(ops.flash_attention_prefill(q, k, v, 4, 2, 32, causal),
                  REF.materialized_attention(q, k, v, 4, 2, 32, causal))
@@ -261,12 +261,12 @@ def test_blas_runs_one_thread_while_a_backend_lives():
 CYTHON_BLAS_CHECK = """
 import sys
 import numpy as np
-from inferno.backends.numba import blas, kernels
+from inferno.backends.numba import blas, dense
 blas.load_cython_blas()
 assert "scipy.linalg" not in sys.modules, "scipy.linalg's package init ran"
 a, b = np.random.default_rng(0).standard_normal((2, 40, 40), dtype=np.float32)
 out = np.zeros((40, 40), np.float32)
-kernels.gemm_rows(a, b, out, 0, 40)  # Numba's np.dot, through the module loaded on its own
+dense.gemm_rows(a, b, out, 0, 40)  # Numba's np.dot, through the module loaded on its own
 assert np.allclose(out, a @ b, atol=1e-4)
 import scipy.linalg, scipy.linalg.cython_blas
 assert scipy.linalg.cython_blas is sys.modules["scipy.linalg.cython_blas"]  # bound as usual

@@ -17,9 +17,8 @@ asyncio loop, once a step.
 The engine may be given loaded, or as a function that loads it, which then runs on the batch's
 own thread. On `pool` that matters: OpenMP gives each thread that launches parallel work its own
 team of workers, and two teams on the same cores slow each other (libgomp stops spinning once
-its threads outnumber the cores). Measured here (2 cores, SmolLM2 Q4_1, 2 threads): a decode
-step from the loading thread 7.6 ms, from another thread while the loading one lives 13.6 ms,
-loaded on the batch thread 8.3 ms.
+its threads outnumber the cores): a step from a thread other than the one that loaded
+the model ran at about half speed (bench/RESULTS.md, "Figures behind the kernels' shape").
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@ process and checks that the registries stay unimported and the answers match); o
 in the process keeps Numba's own path.
 
 Where the cache lives (`use_keyed_cache`): Numba keys a cached kernel on its own file's
-timestamp, not on the files it calls into, so an edit to kernels.py, or a `pip install -U` that
+timestamp, not on the files it calls into, so an edit to dense.py, or a `pip install -U` that
 changes a callee's file but not its caller's, would leave the caller's machine code stale:
 wrong numbers, silently. So inferno's kernels are cached in a folder named by a hash of every
 source file of the backends, Numba's and llvmlite's versions and the CPU's name and features:
 any change below a kernel starts a new folder, and everything compiles afresh. The folder sits
-beside the sources (backends/__pycache__/kernels-<key>, as Numba's own cache would), else, where
+beside the sources (backends/numba/__pycache__/kernels-<key>, as Numba's own cache would), else, where
 the package cannot be written, in inferno's cache (kernels/<key>). NUMBA_CACHE_DIR, when set,
 wins (Numba's own keying, then).
 """

@@ -3,7 +3,7 @@ decode attention over the cache as stored (no float32 copy of it), for the simd 
 backends.
 
 A kernel takes a buffer as its bytes (uint8 [slots, capacity, row_bytes]) plus `kind`, the cache
-type's index in CACHE_TYPES. Writes and reads branch on it once per row; decode compiles one
+type's code (codes.CacheKind, as an int). Writes and reads branch on it once per row; decode compiles one
 copy of its loops per type (the kind passed on as a literal), since its branch would sit in the
 innermost loop.
 
@@ -16,10 +16,9 @@ emit LLVM's own half <-> float conversion instead, which compiles to vcvtph2ps /
 Decode accumulates in float32 and reads the cache where it lies: each cached K or V slice is
 converted in registers (vcvtph2ps for f16) as the dot products take it, never copied out. The
 kernel before this one converted tiles of whole rows into float32 scratch, which every query head
-then read back from L2; with one FMA chain per key it waited on FMA latency as well. Qwen3-1.7B's
-heads (16 over 8, head dim 128), 4000 cached f16 tokens, 28 layers, pool on 2 threads: 26.4 ms
-a step that way, 15.3-15.8 ms this way (bench/attention.py --mode decode --shape qwen3-1.7b).
-Software prefetch of the next tile, or of the next job's first, measured no gain: not done.
+then read back from L2; with one FMA chain per key it waited on FMA latency as well: this way
+is about 1.7x faster a step at long contexts (bench/RESULTS.md, "Figures behind the kernels' shape"). Software prefetch of the next tile, or of
+the next job's first, measured no gain: not done.
 """
 
 from __future__ import annotations
@@ -35,15 +34,16 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic, overload
 
 from inferno.backends.numba import jitcache
-from inferno.backends.base import CACHE_TYPES
 from inferno.formats.cache_types import Q8_0_BYTES, QK8_0
-from inferno.backends.numba.kernels import FAST, exp_into, jit
+from inferno.backends.numba.codes import CacheKind
+from inferno.backends.numba.dense import FAST, exp_into, jit
 from inferno.backends.numba.lanes import (
     f16at, f16bits, u32at, vadd, vbf16, vf16, vfma, vi8, vload, vmul, vsplat, vstore, vsum, vzero,
 )
 from inferno.backends.numba.qkernels import quantize_q8_0
 
-F32, F16, BF16, Q8_0 = (CACHE_TYPES.index(t) for t in ("f32", "f16", "bf16", "q8_0"))
+# The cache kinds as the kernels branch on them: plain ints (codes.py says why).
+F32, F16, BF16, Q8_0 = map(int, CacheKind)
 
 # Writes round exactly as cache_types.py does: no fastmath (arcp would turn amax / 127 into a
 # multiply by a rounded reciprocal and change Q8_0's scales).
@@ -430,9 +430,11 @@ def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads,
 
 
 @functools.cache
-def decode_all_for(kind: int):
+def decode_all_for(kind: CacheKind):
     """`decode_all` compiled for one cache kind alone (see qkernels.linear_for): (q, k_raw,
     v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits)."""
+    kind = int(CacheKind(kind))  # the closure's literal
+
     @jit
     def decode_all_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits):
         return decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,

@@ -3,8 +3,8 @@ machine has (one AVX-512 register, two AVX2 registers, four SSE or NEON ones).
 
 Why not plain loops: Numba runs LLVM's loop vectoriser but not its SLP vectoriser, and LLVM
 fully unrolls a short constant loop (the 16 or 32 weights of a GGML block) before the loop
-vectoriser sees it. Decoding a block that way came out as scalar code: 2 Gw/s for Q4_1 rows into
-a float32 buffer, against 15 Gw/s for the same work written with these vectors (one core here).
+vectoriser sees it. Decoding a block that way came out as scalar code, several times slower
+than the same work written with these vectors (bench/RESULTS.md, "Figures behind the kernels' shape").
 A vector value lives in a register, so accumulators never round-trip through memory.
 
 Byte loads read GGML blocks in place from a flat uint8 array (`f`, at byte offset `o`), with no
@@ -19,7 +19,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 LANES = 16
-_FAST = ("reassoc", "contract", "arcp", "nsz")  # kernels.FAST, as LLVM flags
+_FAST = ("reassoc", "contract", "arcp", "nsz")  # dense.FAST, as LLVM flags
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, LANES)
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -229,8 +229,8 @@ def _mask_registers() -> bool:
 def vnib5(typingctx, f, o, shift, qh, bit0):
     """16 five-bit values of Q5_0/Q5_1: the nibble as vnib, plus bit (bit0 + lane) of the uint32
     qh as the fifth bit; bit0 (0 or 16) a literal. With AVX-512, qh is taken as 32 one-bit lanes
-    that move into a mask register whole (in cache, one core: Q5_0 12.9 -> 14.3 Gw/s); without,
-    that is scalar code (2.7 Gw/s with AVX2), so each lane tests its bit against a constant."""
+    that move into a mask register whole; without, that is scalar code (several times slower),
+    so each lane tests its bit against a constant (bench/RESULTS.md, "Figures behind the kernels' shape")."""
     if not isinstance(bit0, types.IntegerLiteral):
         return None
     first = bit0.literal_value
@@ -309,9 +309,8 @@ def stack_f32(typingctx, n):
 def prefetch(typingctx, f, o):
     """Hint that the bytes from f[o] on will be read soon (a no-op where the target has no
     prefetch). o may lie past the end: a prefetch never faults (x86, ARM), and the address is
-    computed without LLVM's in-bounds promise. The weight streams of a matvec need it here:
-    without, one core read Q8_0 rows from DRAM at 6 GB/s; with one prefetch per block a row pass
-    ahead, 19 GB/s."""
+    computed without LLVM's in-bounds promise. The weight streams of a matvec need it: one
+    prefetch per block, a row pass ahead, tripled one core's read rate from DRAM (bench/RESULTS.md, "Figures behind the kernels' shape")."""
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         p = builder.gep(builder.bitcast(data, _I8.as_pointer()), [args[1]])

@@ -6,18 +6,18 @@ after; rows split across threads for matmul, matvec and the row-wise ops. BLAS i
 job runs on that job's thread only (see blas.py).
 
 The pool is Numba's own: a `prange` over heads or row ranges, launched from the calling thread,
-whose iterations run the serial kernels of kernels.py on a persistent team of worker threads.
-Measured here (2 cores) per parallel launch with two jobs: Numba's OpenMP layer 1.1 us, Python
-threads handing jobs to nogil kernels 45 us (a futex wake plus the GIL handoff, per job), Numba's
-workqueue layer 86 us. Decode makes about 7 launches per layer per token, so only the OpenMP
-layer keeps dispatch under the bandwidth cost it splits. Launches are serialised by a lock: Numba
+whose iterations run the serial kernels of dense.py and attention.py on a persistent team of
+worker threads. Of the ways to hand out jobs, Numba's OpenMP layer is the one whose launch costs
+microseconds rather than tens of them (Python threads pay a futex wake and the GIL handoff per
+job; Numba's workqueue layer more): decode makes about 7 launches per layer per token, so only
+it keeps dispatch under the bandwidth cost it splits (bench/RESULTS.md, "Figures behind the kernels' shape"). Launches are serialised by a lock: Numba
 has one worker team per process, and its workqueue layer aborts when two Python threads launch
 into it at once.
 
 Small ops (one decode row of a norm, attention over a short cache) run serially on the calling
 thread: a launch costs more than their whole work.
 
-OpenMP's workers spin between launches (that is the 1.1 us), and a launch waits for all of them:
+OpenMP's workers spin between launches (that is what makes a launch cheap), and a launch waits for all of them:
 with a busy loop in another process on the second core, each launch waited for a descheduled
 worker and decode collapsed. Sleeping workers (OMP_WAIT_POLICY=passive) fix the busy case and
 halve the quiet one (../shared/facts/pool-contention.md). So before each step pool reads how much
@@ -35,7 +35,9 @@ import numba as nb
 import numpy as np
 
 from inferno.backends.numba import jitcache
-from inferno.backends.numba import kernels as K
+from inferno.backends.numba.codes import CacheKind, WeightKind
+from inferno.backends.numba import attention as A
+from inferno.backends.numba import dense as K
 from inferno.backends.numba import kv_kernels as KV
 from inferno.backends.numba.contention import Contention
 from inferno.backends.numba import qkernels as Q
@@ -108,7 +110,7 @@ def _fill_upper(x, value, offset, out, chunks):
 def _flash(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale):
     group = n_heads // n_kv_heads
     for h in nb.prange(n_heads):  # one job per head
-        K.flash_head(q, k, v, out, h, h // group, head_dim, causal, window, scale)
+        A.flash_head(q, k, v, out, h, h // group, head_dim, causal, window, scale)
 
 
 @nb.njit(parallel=True, cache=True)
@@ -123,8 +125,10 @@ def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, he
 
 
 @functools.cache
-def _decode_for(kind: int):
+def _decode_for(kind: CacheKind):
     """`_decode` for one cache kind alone (see qkernels.linear_for)."""
+    kind = int(CacheKind(kind))  # the closure's literal
+
     @nb.njit(cache=True, nogil=True)
     def decode_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits):
         return _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits)
@@ -139,8 +143,7 @@ _NO_ROWS.flags.writeable = False
 class PoolBackend(SimdBackend):
     name = "pool"
     # Below these sizes a launch costs more than it saves, and the op runs on the calling thread
-    # (decode on SmolLM2: a 576-wide norm is ~1.5 us of work, attention over 100 cached
-    # positions ~11 us).
+    # (a decode row's norm, or attention over a short cache, is a few microseconds of work).
     parallel_min_elements = 1 << 15  # row-wise ops: rows x features; matmuls: multiply-adds
     parallel_min_attention = 1 << 17  # query rows x keys x n_heads x head_dim
     decode_min_keys = 256  # keys per decode job at the least
@@ -210,7 +213,7 @@ class PoolBackend(SimdBackend):
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
         if isinstance(w, QuantTensor):
             check_width(x, w)
-            kind, tile = Q.KINDS[w.qtype.name], prefill_tile(w.shape[1])
+            kind, tile = WeightKind.of(w), prefill_tile(w.shape[1])
             if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
                 Q.linear_for(kind)(w.data, x, out, tile, self._int8_mode(w))
             else:
@@ -240,14 +243,14 @@ class PoolBackend(SimdBackend):
             if type(w) is not QuantTensor or rows > Q.FEW_MAX or self.threads == 1 or not self._one_launch:
                 return [self.linear(x, w) for w in ws]
             check_width(x, w)
-            kinds.append(Q.KINDS[w.qtype.name])
+            kinds.append(WeightKind.of(w))
             datas.append(w.data)
             total += w.shape[0]
         if total * x.size < self.parallel_min_elements:
             return [self.linear(x, w) for w in ws]
         out = np.empty((rows, total), dtype=np.float32)  # [rows, sum of outs]
         # Always three weights (gate/up gets a weight of no rows, of the first one's kind): one
-        # compiled kernel for both, one to load at start-up, not two (~24 ms of the load line each).
+        # compiled kernel for both, one to load at start-up, not two (each costs the load line tens of ms).
         while len(kinds) < MANY:
             kinds.append(kinds[0])
             datas.append(_NO_ROWS)
@@ -266,7 +269,7 @@ class PoolBackend(SimdBackend):
             return super().embedding(table, ids)
         ids = token_ids(ids, table.shape[0])
         out = np.empty((len(ids), table.shape[1]), dtype=np.float32)  # [len(ids), hidden]
-        self._launch(Q.embed_par, Q.KINDS[table.qtype.name], table.data, ids, out,
+        self._launch(Q.embed_par, int(WeightKind.of(table)), table.data, ids, out,
                      min(self.threads, len(ids)))
         return out
 
@@ -316,11 +319,11 @@ class PoolBackend(SimdBackend):
     def _flash(self, work: int, *args) -> None:
         """One job per head when the work pays for a launch; simd's serial loop otherwise."""
         if self.threads == 1 or work < self.parallel_min_attention:
-            K.flash_heads(*args)
+            A.flash_heads(*args)
         else:
             self._launch(_flash, *args)
 
-    def _decode_plan(self, kind: int, seqs: int, keys_per_seq: int, work: int):
+    def _decode_plan(self, kind: CacheKind, seqs: int, keys_per_seq: int, work: int):
         """Cut each sequence's keys into ranges so that the jobs share out evenly
         over the threads (prange hands each thread an equal run of jobs), none shorter than
         decode_min_keys; a small step runs serially on the calling thread."""

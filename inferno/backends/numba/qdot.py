@@ -3,7 +3,7 @@ integer dot products, as llama.cpp computes them (ggml's ggml_vec_dot_q4_K_q8_K 
 with a second int8 row for what the first leaves where a weight's inputs carry outliers.
 
 Why: with float32 activations a weight costs a widening, a conversion and a float multiply-add
-per activation row (one core here: Q4_K 14.8 Gw/s, Q6_K 9.9); as bytes, x86 multiplies 32
+per activation row; as bytes, x86 multiplies 32
 weights by 32 activations and adds them in pairs in one instruction (ilanes.py), and the
 K-quants' sub-block scales are integers, so a super-block's 256 products sum in int32 lanes
 (maddwd by the scales) and become float once. Each activation row is quantized once per call
@@ -33,11 +33,10 @@ row's super-blocks meet four activation rows per pass, unpacked once for all fou
 Where this does not pay: the legacy kinds (Q4_0..Q8_0) have a float16 scale per 32 weights, so
 each group's int32 lanes would need a conversion and a float multiply-add of their own. Written
 that way (dpbusd, cvt, fma per group and activation row) it ran no faster than their float32
-kernels here (Zen 4: Q4_1 one row 29 against 34 Gw/s on one core; eight rows 44 against 41-50).
-Transposing eight weight rows by quads into the int32 lanes, so that one conversion serves eight
-rows' blocks, beat float32 from eight activation rows on (Q4_1 1.7x at 8, 0.56x at 1: packing
+kernels. Transposing eight weight rows by quads into the int32 lanes, so that one conversion
+serves eight rows' blocks, beat float32 from eight activation rows on but lost below (packing
 the transposed blocks decides small batches), which would make a sequence's logits depend on
-its batch (bench/RESULTS.md, 2026-12-01). They stay float32.
+its batch (bench/RESULTS.md, "Figures behind the kernels' shape"). They stay float32.
 
 Every row is quantized on its own and multiplied the same way alone, in a batch or in a prefill
 (qkernels.linear takes this path for any number of rows), so a row's result does not depend on
@@ -53,7 +52,7 @@ from inferno.backends.numba.ilanes import (
     bbits, bhigh, bload, fsum8, fzero8, iadd, ifma, izero, kscales, maddubs, maddwd, vamax, vrint,
     vstore_i8, wbytes, wfloat, wpair, wsplat,
 )
-from inferno.backends.numba.kernels import FAST
+from inferno.backends.numba.dense import FAST
 from inferno.backends.numba.lanes import (
     f16at, prefetch, vfma, vload, vmul, vpairs_hi, vsplat, vstore, vsum, vzero,
 )

@@ -17,14 +17,13 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   row decoded once for up to four activation rows; Q4_K and Q6_K, as above, in integers
   (qdot.k_few);
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
-  Q4_K and Q6_K with int8 activations take every row through qdot.k_few instead (1.4-1.5x
-  sgemm's rate on dequantised tiles here: 512 rows of a 4096-wide Q4_K on one core, 127 ->
-  180 GFLOP/s; with the remainder row, on o_proj and down_proj, it does twice the products
-  and about ties with the tiles). Decode, a batch and a prefill then compute a row the same
+  Q4_K and Q6_K with int8 activations take every row through qdot.k_few instead (about 1.4x
+  sgemm's rate on dequantised tiles; with the remainder row, on o_proj and down_proj, it does
+  twice the products and about ties with the tiles). Decode, a batch and a prefill then compute a row the same
   way: a sequence's logits do not depend on how its tokens were grouped into steps (a chat
   turn prefilled after a reused cache, a server step shared with others) beyond float32
-  rounding. Keeping o_proj and down_proj on float32 tiles in prefill would gain 4-6% of pp512
-  on the Qwen3-1.7B shape, at the cost of that;
+  rounding. Keeping o_proj and down_proj on float32 tiles in prefill would gain a few percent
+  of pp512 on the Qwen3-1.7B shape, at the cost of that;
 - embedding (`embed_rows`): whole rows dequantised.
 
 The backends call the drivers through `linear_for`, `linear_par_for` and `linear_many_par_for`,
@@ -53,8 +52,9 @@ from numba.core.errors import TypingError
 from numba.extending import overload
 
 from inferno.backends.numba import jitcache, qdot
+from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.qdot import Q4_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
-from inferno.backends.numba.kernels import FAST
+from inferno.backends.numba.dense import FAST
 from inferno.errors import InfernoError
 from inferno.formats.quant import QTYPES, QUANTIZERS, QuantTensor
 from inferno.backends.numba.lanes import (
@@ -64,10 +64,8 @@ from inferno.backends.numba.lanes import (
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 
-# Kernel codes, one per quant.QTYPES entry.
-F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = range(10)
-KINDS = {"F16": F16, "BF16": BF16, "Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0,
-         "Q5_1": Q5_1, "Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}
+# The weight kinds as the kernels branch on them: plain ints (codes.py says why).
+F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = map(int, WeightKind)
 
 # Activation rows per call up to which `few_rows` beats dequantised tiles + sgemm.
 FEW_MAX = 16
@@ -184,8 +182,7 @@ def rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
     Each kind gets its own compiled loops: a global constant passed to a jitted function is
     typed as a literal, so `_rows(Q8_0, ...)` compiles a copy in which every branch on the kind
     folds away (nb.literal_unroll over the codes did not: it compiled one int64 copy). A switch
-    on the kind inside the loops cost 5-30% of the matvec (Q5_0 11 -> 13.7 Gw/s in cache, one
-    core) and 2-3x of few_rows."""
+    on the kind inside the loops cost 5-30% of the matvec and 2-3x of few_rows (bench/RESULTS.md, "Figures behind the kernels' shape")."""
     raise TypeError("rows_kernel runs in jitted code only")
 
 
@@ -247,8 +244,8 @@ def accumulate(kind, acc, lo, hi, xl, xh, sm, j):
 def paired(kind):
     """Whether matvec_rows takes this kind's groups two at a time: Q5_K's and Q6_K's groups
     share bytes in pairs (the low and high nibbles of the same 32; Q6_K's quarters t and t + 2
-    of a half, and their high bits), which LLVM then loads once, with constant shifts. In cache,
-    one core: Q5_K 10.1 -> 11.6 Gw/s, Q6_K 8.5 -> 9.5; Q4_K lost (14.3 -> 13.0), so it is not."""
+    of a half, and their high bits), which LLVM then loads once, with constant shifts. Pairing
+    measured faster for those two and slower for Q4_K, so Q4_K is not paired (bench/RESULTS.md, "Figures behind the kernels' shape")."""
     return kind == Q5_K or kind == Q6_K
 
 
@@ -382,7 +379,7 @@ def dequantize(w, r0: int, r1: int) -> np.ndarray:
     if w.shape[1] % 32:
         out[:] = w.dequantize(r0, r1)  # a 16-bit row not in whole groups (F16/BF16 only)
     else:
-        dequant_rows(KINDS[w.qtype.name], w.data, out, r0, r1)
+        dequant_rows(int(WeightKind.of(w)), w.data, out, r0, r1)
     return out
 
 
@@ -490,8 +487,10 @@ def _piece(kind, w, x, xs, xq, out, start, lo, hi):
 # cache keys the entry on them, and rows_kernel's overload then types only those kinds' loops.
 # A model compiles and loads only the kinds it holds.
 @functools.cache
-def linear_for(kind: int):
+def linear_for(kind: WeightKind):
     """`linear` for one kind: (w, x, out, tile, mode)."""
+    kind = int(WeightKind(kind))  # the closure's literal
+
     @jit
     def linear_kind(w, x, out, tile, mode):
         linear(kind, w, x, out, tile, mode)
@@ -499,8 +498,10 @@ def linear_for(kind: int):
 
 
 @functools.cache
-def linear_par_for(kind: int):
+def linear_par_for(kind: WeightKind):
     """`linear_par` for one kind: (w, x, out, tile, chunks, mode)."""
+    kind = int(WeightKind(kind))
+
     @jit
     def linear_par_kind(w, x, out, tile, chunks, mode):
         linear_par(kind, w, x, out, tile, chunks, mode)
@@ -508,8 +509,10 @@ def linear_par_for(kind: int):
 
 
 @functools.cache
-def linear_many_par_for(k0: int, k1: int, k2: int):
+def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind):
     """`linear_many_par` for three kinds: (ws, x, out, chunks, mode)."""
+    k0, k1, k2 = (int(WeightKind(k)) for k in (k0, k1, k2))
+
     @jit
     def linear_many_par_kinds(ws, x, out, chunks, mode):
         linear_many_par(k0, k1, k2, ws, x, out, chunks, mode)
@@ -589,8 +592,8 @@ def quantize_par(w, out, q8, chunks):
 
 def quantize(w: np.ndarray, qtype: str) -> QuantTensor:
     """float32 rows w [rows, cols] quantized to "q8_0" or "q4_0" (for `--weights`): the same
-    bytes as the gguf package's quantizers (ports of ggml's reference ones), on all cores (one
-    core here: Q8_0 0.27, Q4_0 0.7 Gw/s of CPU time; gguf's 0.1)."""
+    bytes as the gguf package's quantizers (ports of ggml's reference ones), on all cores (and
+    several times the gguf package's rate on one)."""
     if qtype not in QUANTIZERS:
         raise InfernoError(f"cannot quantize to {qtype!r}; choose one of: {', '.join(QUANTIZERS)}")
     w = np.ascontiguousarray(w, dtype=np.float32)

@@ -20,10 +20,12 @@ import numpy as np
 
 from inferno.backends.numba import blas, jitcache
 from inferno.formats import cache_types
-from inferno.backends.numba import kernels as K
+from inferno.backends.numba import attention as A
+from inferno.backends.numba import dense as K
 from inferno.backends.numba import kv_kernels as KV
 from inferno.backends.numba import qkernels as Q
-from inferno.backends.base import CACHE_TYPES, Backend, check_decode, check_window, score_scale
+from inferno.backends.base import Backend, check_decode, check_window, score_scale
+from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba.ilanes import fast_int_dot
 from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
@@ -42,8 +44,7 @@ def reuse_freed_activations() -> None:
 
     glibc hands a freed block above its mmap threshold (128 KiB, growing adaptively) back to the
     kernel, and the next activation of that size page-faults on every 4 KiB page it writes: in a
-    512-token SmolLM2 prefill on pool that was 60% of SwiGLU's time and 13% of the whole pass
-    (750 -> 857 tokens/s with the threshold raised). NOTE: process-wide and permanent; only
+    long prefill that was most of SwiGLU's time and a tenth of the whole pass (bench/RESULTS.md, "Figures behind the kernels' shape"). NOTE: process-wide and permanent; only
     blocks above 32 MiB (glibc's ceiling) are still mapped fresh. Other C libraries: nothing."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -69,8 +70,7 @@ def quantized_weight(w: QuantTensor):
 
 def prefill_tile(cols: int) -> int:
     """Rows per dequantised tile in the quantized prefill: about 4 MiB of float32, 64 to 1024
-    rows. sgemm re-packs the activations for every tile, so short tiles lose: 512 rows of x
-    times [64, 4096] ran at 81 GFLOP/s on one core here, [256, 4096] at 92, [4096, 4096] at 99."""
+    rows. sgemm re-packs the activations for every tile, so short tiles lose (bench/RESULTS.md, "Figures behind the kernels' shape")."""
     return min(1024, max(64, (1 << 20) // cols))
 
 
@@ -144,7 +144,7 @@ class SimdBackend(Backend):
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
         if isinstance(w, QuantTensor):
             check_width(x, w)
-            Q.linear_for(Q.KINDS[w.qtype.name])(w.data, x, out, prefill_tile(w.shape[1]),
+            Q.linear_for(WeightKind.of(w))(w.data, x, out, prefill_tile(w.shape[1]),
                                                  self._int8_mode(w))
         elif x.shape[0] == 1:
             K.matvec(w, x[0], out[0], 0, w.shape[0])
@@ -157,7 +157,7 @@ class SimdBackend(Backend):
             return super().embedding(table, ids)
         ids = token_ids(ids, table.shape[0])
         out = np.empty((len(ids), table.shape[1]), dtype=np.float32)  # [len(ids), hidden]
-        Q.embed_rows(Q.KINDS[table.qtype.name], table.data, ids, out, 0, len(ids))
+        Q.embed_rows(int(WeightKind.of(table)), table.data, ids, out, 0, len(ids))
         return out
 
     def rms_norm(self, x, w, eps: float):
@@ -187,7 +187,7 @@ class SimdBackend(Backend):
     # -- the KV cache ---------------------------------------------------------------------------
     def write_kv(self, buf, slot: int, start: int, rows) -> None:
         check_rows(buf, slot, start, start + rows.shape[0], rows.shape[1])
-        KV.write_rows(contiguous(rows), buf.view(np.uint8), kind_of(buf), int(slot), int(start))
+        KV.write_rows(contiguous(rows), buf.view(np.uint8), int(CacheKind.of(buf)), int(slot), int(start))
 
     def write_kv_rows(self, buf, slots, positions, rows) -> None:
         slots = np.ascontiguousarray(slots, dtype=np.int64)
@@ -197,7 +197,7 @@ class SimdBackend(Backend):
             raise ValueError(f"{n} rows need {n} slots and positions, got {slots.shape} and {positions.shape}")
         if width != cache_types.width_of(buf):
             raise ValueError(f"rows of {width} features do not fit a cache of {cache_types.width_of(buf)}")
-        bad = KV.write_scattered(contiguous(rows), buf.view(np.uint8), kind_of(buf), slots, positions)
+        bad = KV.write_scattered(contiguous(rows), buf.view(np.uint8), int(CacheKind.of(buf)), slots, positions)
         if bad >= 0:
             raise ValueError(f"slot {slots[bad]}, position {positions[bad]} is outside the cache "
                              f"({buf.shape[0]} slots of {buf.shape[1]} positions)")
@@ -205,7 +205,7 @@ class SimdBackend(Backend):
     def read_kv(self, buf, slot: int, start: int, stop: int):
         check_rows(buf, slot, start, stop)
         out = np.empty((stop - start, cache_types.width_of(buf)), np.float32)  # [stop - start, width]
-        KV.read_rows(buf.view(np.uint8), kind_of(buf), int(slot), int(start), out)
+        KV.read_rows(buf.view(np.uint8), int(CacheKind.of(buf)), int(slot), int(start), out)
         return out
 
     # -- attention ------------------------------------------------------------------------------
@@ -226,8 +226,8 @@ class SimdBackend(Backend):
         if cache_types.width_of(k_buf) != n_kv_heads * head_dim:
             raise ValueError(f"a cache of {cache_types.width_of(k_buf)} features does not hold "
                              f"{n_kv_heads} KV heads of {head_dim}")
-        kind = kind_of(k_buf)
-        if kind == KV.Q8_0 and head_dim % cache_types.QK8_0:
+        kind = CacheKind.of(k_buf)
+        if kind == CacheKind.Q8_0 and head_dim % cache_types.QK8_0:
             # The kernels read a head's blocks whole: heads of 16 would share a block.
             raise InfernoError(f"a q8_0 cache needs a head dim that is a multiple of "
                                f"{cache_types.QK8_0}, got {head_dim}; use --cache-type f16")
@@ -243,9 +243,9 @@ class SimdBackend(Backend):
     def _flash(self, work: int, *args) -> None:
         """Flash prefill of every head (`work`: query x key x head x head_dim products). Here
         the heads run one after another; the pool backend fans them out."""
-        K.flash_heads(*args)
+        A.flash_heads(*args)
 
-    def _decode_plan(self, kind: int, seqs: int, keys_per_seq: int, work: int):
+    def _decode_plan(self, kind: CacheKind, seqs: int, keys_per_seq: int, work: int):
         """(splits, kernel): how many ranges each sequence's keys are cut into, one job each,
         and what runs the jobs over a cache of `kind`. Here one range, every job in turn."""
         return 1, KV.decode_all_for(kind)
@@ -258,8 +258,3 @@ def check_rows(buf, slot: int, start: int, stop: int, width: int | None = None) 
                          f"({buf.shape[0]} slots of {buf.shape[1]} positions)")
     if width is not None and width != cache_types.width_of(buf):
         raise ValueError(f"rows of {width} features do not fit a cache of {cache_types.width_of(buf)}")
-
-
-def kind_of(buf) -> int:
-    """A cache buffer's type as the kernels' `kind`: its index in CACHE_TYPES."""
-    return CACHE_TYPES.index(cache_types.cache_type_of(buf))

@@ -8,9 +8,9 @@ the plain loop, for comparison). Prefill has two candidates, chosen by `prefill`
 - "sdpa": torch's scaled_dot_product_attention, which on CUDA dispatches to a fused flash or
   memory-efficient kernel, with a bottom-right causal mask for chunks after a cache.
 The default is meant to be whichever measures faster on the device: bench/gpu_decode.py times
-both on the Qwen3-0.6B shape ("prefill" rows of its table). NOTE: not yet measured (no GPU was
-lent when this was written); "sdpa" is the provisional default, since a fused kernel never
-writes the [heads, seq, seq] scores to HBM. Revisit with the benchmark's numbers.
+both on the Qwen3-0.6B shape ("prefill" rows of its table; bench/RESULTS.md says whether that
+has been run). "sdpa" is the default until it has, since a fused kernel never writes the
+[heads, seq, seq] scores to HBM.
 """
 
 from __future__ import annotations
