@@ -73,51 +73,55 @@ def test_a_miss_says_once_that_kernels_compile(monkeypatch, capsys):
 
 
 NO_COMPILE = """
-import json, sys
+import gc, json, sys
 import inferno
-from numba.core.event import install_recorder
+from numba.core.dispatcher import Dispatcher
 from inferno.model.sampling import SamplingParams
 from inferno.serve import BatchEngine, Options
+
+
+def kernels():
+    # every signature every kernel of inferno's holds, compiled or loaded from the cache
+    return {{(d.py_func.__module__, d.py_func.__qualname__, str(sig))
+            for d in gc.get_objects() if isinstance(d, Dispatcher) and d.py_func.__module__.startswith("inferno.")
+            for sig in d.overloads}}
+
+
 engine = inferno.load({path!r}, {backend!r}, progress=False)
 ban = {{t: -100.0 for t in engine.eos}}
-seen = {{}}
-with install_recorder("numba:compile") as rec:
-    engine.generate("Once upon a time", max_tokens=600, temperature=0, logit_bias=ban)  # past 2 x 256 keys
-seen["a long generation"] = rec.buffer
+seen, before = {{}}, kernels()
+engine.generate("Once upon a time", max_tokens=600, temperature=0, logit_bias=ban)  # past 2 x 256 keys
+seen["a long generation"], before = kernels() - before, kernels()
 session, messages = inferno.Session(), [{{"role": "user", "content": "Hello there"}}]
-with install_recorder("numba:compile") as rec:
-    for turn in ("And then?", "Why?"):
-        reply = engine.generate(messages, session=session, max_tokens=6, temperature=0)
-        messages += [{{"role": "assistant", "content": reply.text}}, {{"role": "user", "content": turn}}]
-seen["a chat's next turns"] = rec.buffer
-with install_recorder("numba:compile") as rec:
-    with BatchEngine(engine, parallel=4, ctx_size=256, chunk=8) as batch:
-        handles = [batch.submit(engine.encode_prompt("word " * (3 + 9 * i)),
-                                Options(max_tokens=5 + 3 * i, sampling=SamplingParams(temperature=0)))
-                   for i in range(4)]
-        for h in handles:
-            list(h)
-seen["batched steps with chunked prompts"] = rec.buffer
-print(json.dumps({{k: sorted({{str(e[1].data.get("dispatcher", "")) for e in v if e[1].is_start}}) for k, v in seen.items()}}))
+for turn in ("And then?", "Why?"):
+    reply = engine.generate(messages, session=session, max_tokens=6, temperature=0)
+    messages += [{{"role": "assistant", "content": reply.text}}, {{"role": "user", "content": turn}}]
+seen["a chat's next turns"], before = kernels() - before, kernels()
+with BatchEngine(engine, parallel=4, ctx_size=256, chunk=8) as batch:
+    handles = [batch.submit(engine.encode_prompt("word " * (3 + 9 * i)),
+                            Options(max_tokens=5 + 3 * i, sampling=SamplingParams(temperature=0)))
+               for i in range(4)]
+    for h in handles:
+        list(h)
+seen["batched steps with chunked prompts"] = kernels() - before
+print(json.dumps({{k: sorted(map(list, v)) for k, v in seen.items()}}))
 """
 
 
 def test_nothing_compiles_during_generation(tmp_path_factory):
-    """After the first load, which compiles what the model needs (an empty Numba cache: every
-    kernel compiles, none is found), a generation past the context where pool's decode goes
-    parallel, a chat's later turns and batched steps with chunked prompts compile nothing, in a
-    fresh process. (pool: the backend whose kernels change with the sizes.)"""
-    import os
-
+    """After the load, a generation past the context where pool's decode goes parallel, a
+    chat's later turns and batched steps with chunked prompts take no kernel the load did not:
+    nothing is compiled, and nothing is even loaded from the cache (every inferno kernel's
+    signatures, before and after), in a fresh process. (pool: the backend whose kernels change
+    with the sizes.)"""
     from tiny import make_model
     folder = make_model(tmp_path_factory.mktemp("compile-once"), "qwen3", hidden=64, heads=8, kv_heads=2,
                         head_dim=64, max_positions=1024)
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path_factory.mktemp("numba-cache"))}
     run = subprocess.run([sys.executable, "-c", NO_COMPILE.format(path=str(folder), backend="pool")],
-                         capture_output=True, text=True, timeout=900, env=env)
+                         capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr
-    compiled = json.loads(run.stdout.splitlines()[-1])
-    assert compiled == {k: [] for k in compiled}, compiled
+    taken = json.loads(run.stdout.splitlines()[-1])
+    assert taken == {k: [] for k in taken}, taken
 
 
 STALE = """
@@ -132,31 +136,34 @@ print(jitcache.CACHE_FOLDER.name, sum(e[1].is_start for e in rec.buffer), pool._
 
 
 def test_a_changed_callee_recompiles_its_callers(tmp_path):
-    """Numba keys a cached kernel on its own file's stamp: an edit to a file it calls into
-    (dense.py, below pool's wrappers) would leave its machine code stale. inferno's kernel
-    cache is keyed on every backend source, so the caller compiles again. On a copy of the
-    package, in fresh processes."""
+    """Numba keys a cached kernel on its own file: an edit to a file it calls into (dense.py,
+    below pool's wrappers) would leave its machine code stale. inferno's kernel cache is keyed
+    on every backend source, so the caller compiles again; and since the key is all the code
+    was compiled from, another checkout of the same sources finds the kernels compiled. On
+    copies of the package, in fresh processes, with an empty kernel cache of their own."""
     import os
     import shutil
     from pathlib import Path
-    copy = tmp_path / "pkg"
-    shutil.copytree(Path(inferno.__file__).parent, copy / "inferno",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    copy, other = tmp_path / "pkg", tmp_path / "another checkout"
+    for where in (copy, other):
+        shutil.copytree(Path(inferno.__file__).parent, where / "inferno",
+                        ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-    env.update(PYTHONPATH=str(copy))
+    env.update(INFERNO_KERNELS=str(tmp_path / "kernels"))
 
-    def run():
-        p = subprocess.run([sys.executable, "-c", STALE], capture_output=True, text=True, timeout=600, env=env,
-                           cwd=tmp_path)
+    def run(pkg):
+        p = subprocess.run([sys.executable, "-c", STALE], capture_output=True, text=True, timeout=600,
+                           env={**env, "PYTHONPATH": str(pkg)}, cwd=tmp_path)
         assert p.returncode == 0, p.stderr
-        folder, compiles, where = p.stdout.split()
-        assert where.startswith(str(copy)), where  # the copy, not the installed package
+        folder, compiles, where = p.stdout.strip().split(maxsplit=2)
+        assert where.startswith(str(pkg)), where  # the copy, not the installed package
         return folder, int(compiles)
-    first = run()
+    first = run(copy)
     assert first[1] > 0  # an empty cache: it compiles
-    assert run() == (first[0], 0)  # cached
+    assert run(copy) == (first[0], 0)  # cached
+    assert run(other) == (first[0], 0)  # the same sources elsewhere: the same kernels
     kernels = copy / "inferno" / "backends" / "numba" / "dense.py"
     kernels.write_text(kernels.read_text() + "\n# an edit below pool's wrappers\n")
-    third = run()
+    third = run(copy)
     assert third[0] != first[0] and third[1] > 0  # a new folder, compiled afresh
-    assert (copy / "inferno" / "backends" / "numba" / "__pycache__" / first[0]).is_dir()  # the old one stays
+    assert (tmp_path / "kernels" / first[0]).is_dir()  # the old one stays

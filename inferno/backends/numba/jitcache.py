@@ -14,15 +14,19 @@ silently otherwise). Only inferno's own kernels load this way (a test loads them
 process and checks that the registries stay unimported and the answers match); other Numba code
 in the process keeps Numba's own path.
 
-Where the cache lives (`use_keyed_cache`): Numba keys a cached kernel on its own file's
-timestamp, not on the files it calls into, so an edit to dense.py, or a `pip install -U` that
-changes a callee's file but not its caller's, would leave the caller's machine code stale:
+Where the cache lives (`use_keyed_cache`): Numba keys a cached kernel on its own file (its
+contents, here), not on the files it calls into, so an edit to dense.py, or a `pip install -U`
+that changes a callee's file but not its caller's, would leave the caller's machine code stale:
 wrong numbers, silently. So inferno's kernels are cached in a folder named by a hash of every
-source file of the backends, Numba's and llvmlite's versions and the CPU's name and features:
-any change below a kernel starts a new folder, and everything compiles afresh. The folder sits
-beside the sources (backends/numba/__pycache__/kernels-<key>, as Numba's own cache would), else, where
-the package cannot be written, in inferno's cache (kernels/<key>). NUMBA_CACHE_DIR, when set,
-wins (Numba's own keying, then).
+source file of the backends and the formats, Numba's and llvmlite's versions and the CPU's name
+and features: any change below a kernel starts a new folder, and everything compiles afresh.
+Since the key says everything the code was compiled from, the folder does not depend on where
+the package sits: it is inferno's cache's kernels/<key> (INFERNO_KERNELS names another parent),
+shared by every checkout and every virtual environment of the same sources on this machine (a
+clean clone, a worktree of a release, a reinstall), with the package's own
+backends/numba/__pycache__ as the fallback where that cannot be written. Only inferno's own
+files are cached there (a locator of Numba's cache, in front of its own); NUMBA_CACHE_DIR, when
+set, wins (Numba's own keying, then).
 """
 
 from __future__ import annotations
@@ -40,10 +44,13 @@ try:
     from numba.core.dispatcher import Dispatcher
     from numba.core.runtime import rtsys
     _SUPPORTED = all(hasattr(caching.Cache, name) for name in ("_load_overload", "_guard_against_spurious_io_errors"))
+    _LOCATORS = (isinstance(getattr(getattr(caching, "CacheImpl", None), "_locator_classes", None), list)
+                 and hasattr(caching, "_SourceFileBackedLocatorMixin") and hasattr(caching, "_CacheLocator"))
 except ImportError:  # a Numba whose internals moved: keep its own loading
-    _SUPPORTED = False
+    _SUPPORTED = _LOCATORS = False
 
 
+PACKAGE = Path(__file__).resolve().parents[2]  # inferno/
 _told = False  # whether this process has said that it compiles
 _STALE_DAYS = 30  # kernel folders of other sources unused this long are removed
 
@@ -56,9 +63,9 @@ def cache_key() -> str:
     import numba
 
     h = hashlib.sha256()
-    package = Path(__file__).parents[2]  # inferno/: the kernels import the backends' and the formats' code
-    for path in sorted([*(package / "backends").rglob("*.py"), *(package / "formats").rglob("*.py")]):
-        h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    # the kernels import the backends' and the formats' code
+    for path in sorted([*(PACKAGE / "backends").rglob("*.py"), *(PACKAGE / "formats").rglob("*.py")]):
+        h.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
     h.update(f"numba {numba.__version__} llvmlite {llvmlite.__version__} {sys.version_info[:2]}".encode())
     h.update(f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}".encode())
     return h.hexdigest()[:20]
@@ -73,22 +80,54 @@ def _writable(folder: Path) -> bool:
         return False
 
 
+def kernel_root() -> Path:
+    """Where the keyed folders go: INFERNO_KERNELS, else inferno's cache's kernels/."""
+    from inferno.paths import cache_dir
+
+    return Path(os.environ["INFERNO_KERNELS"]).expanduser() if os.environ.get("INFERNO_KERNELS") else cache_dir() / "kernels"
+
+
+if _LOCATORS:
+    class _KeyedLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
+        """Numba's cache for a kernel of inferno's: the keyed folder, then the source file's
+        folder inside the package (so two checkouts of the same sources find each other's)."""
+
+        folder: Path | None = None  # set by use_keyed_cache
+
+        def __init__(self, py_func, py_file):
+            self._py_file = py_file
+            self._lineno = py_func.__code__.co_firstlineno
+            self._cache_path = str(self.folder / Path(py_file).resolve().parent.relative_to(PACKAGE))
+
+        def get_cache_path(self):
+            return self._cache_path
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if cls.folder is None or not Path(py_file).resolve().is_relative_to(PACKAGE):
+                return None  # someone else's kernel: Numba's own locators
+            return super().from_function(py_func, py_file)
+
+
 def use_keyed_cache() -> Path | None:
-    """Point Numba's cache for the kernels defined from now on at a folder named by
-    cache_key(); None where NUMBA_CACHE_DIR is set, or no folder can be written (Numba's
-    default then)."""
+    """Cache the kernels defined from now on in a folder named by cache_key() (see the module
+    docstring); that folder, or None where NUMBA_CACHE_DIR is set or no folder can be written
+    (Numba's default then)."""
     import numba
 
     if os.environ.get("NUMBA_CACHE_DIR"):
         return None
-    from inferno.paths import cache_dir
-
     key = cache_key()
     beside = Path(__file__).parent / "__pycache__" / f"kernels-{key}"
-    folder = next((f for f in (beside, cache_dir() / "kernels" / key) if _writable(f)), None)
+    folder = next((f for f in (kernel_root() / key, beside) if _writable(f)), None)
     if folder is None:
         return None
-    numba.config.CACHE_DIR = str(folder)
+    if _LOCATORS:
+        _KeyedLocator.folder = folder
+        if _KeyedLocator not in caching.CacheImpl._locator_classes:
+            caching.CacheImpl._locator_classes.insert(0, _KeyedLocator)
+    else:  # a Numba without the locator list: every kernel of the process under the folder
+        numba.config.CACHE_DIR = str(folder)
     cutoff = time.time() - _STALE_DAYS * 86400
     for other in folder.parent.glob("kernels-*" if folder == beside else "*"):
         try:
