@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny import make_model  # noqa: E402
+
+from inferno.backends.numba.jitcache import kernel_root  # noqa: E402
+
+# Tests that point INFERNO_CACHE at a folder of their own (a fresh model cache, one that cannot
+# be written) keep the compiled kernels where they are, in this process and the ones it starts.
+os.environ.setdefault("INFERNO_KERNELS", str(kernel_root()))
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +75,8 @@ def pytest_collection_modifyitems(config, items):
             marks.add("subprocess")
         if module == "test_serve_ray":
             marks.add("ray")
-        if module in TRITON_MODULES:
+        # by module, or marked itself or through a parameter (tests/ops' gpu variant)
+        if module in TRITON_MODULES or item.get_closest_marker("triton_interp"):
             marks.add("triton_interp")
         for mark in marks | ({"slow"} if marks else set()):
             item.add_marker(getattr(pytest.mark, mark))

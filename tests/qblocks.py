@@ -1,15 +1,31 @@
-"""Random GGML blocks built byte by byte, for the quantized-kernel tests and benchmarks.
+"""Random GGML blocks built byte by byte, for the quantized-kernel tests and benchmarks; and what
+a product with them must equal.
 
 Every byte of a block is random except its float16 scale fields, which are set to finite values
 (GGUF files hold no inf or NaN scales): random ones, zeros, the extremes of float16 (65504, the
 smallest normal and subnormal), negative mins. Quant bytes run through all 256 values, so every
 nibble and every sign occurs.
+
+The reference for a product is the gguf package's dequantisation followed by a float64 matmul.
+With float32 activations a kernel agrees within float32 rounding: the error of each output,
+relative to sum(|w| |x|) over its row, stays under 1e-7 x sqrt(cols) (float32's unit roundoff is
+6e-8; summation order differs, as in BLAS). Products of Q4_K and Q6_K weights with one or a few
+activation rows may take int8 activations (qdot.py; the backends' int8_activations): per row
+ggml's Q8_K, scale dx per 256 values (a row's last unit may be shorter), plus for weights whose
+inputs carry outliers (outlier_inputs: o_proj, down_proj) a second int8 row for its remainder,
+scale dr. Such a product is pinned twice: to the reference run on the dequantised activations,
+within float32 rounding as above; and to the reference on the float32 activations within what
+rounding them may cost, sum over the row of |w_i| d_i / 2 (each activation moves by at most
+half a step of its unit's last scale d).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from inferno.backends.numba import qdot
+from inferno.backends.numba import qkernels as Q
+from inferno.backends.numba.codes import WeightKind
 from inferno.formats.quant import QTYPES, QuantTensor
 
 # Byte offsets of the float16 fields in each type's block (scales d, mins m, K-quants' dmin).
@@ -43,3 +59,55 @@ def random_blocks(name: str, rows: int, cols: int, seed: int = 0, extremes: bool
     if readonly:
         data.flags.writeable = False
     return QuantTensor(name, (rows, cols), data)
+
+
+def width(name: str, blocks: int) -> int:
+    """Columns of `blocks` whole blocks of type `name` (16-bit types: groups of 32)."""
+    return blocks * max(QTYPES[name].block, 32)
+
+
+def assert_rounding_close(got, x, w: QuantTensor):
+    """got == x @ w.T within float32 rounding (see the module docstring)."""
+    dq = w.dequantize().astype(np.float64)  # [rows, cols]
+    x64 = x.astype(np.float64)
+    want = x64 @ dq.T
+    scale = np.abs(x64) @ np.abs(dq).T  # sum(|w| |x|) per output
+    assert got.dtype == np.float32 and got.shape == want.shape
+    err = np.abs(got - want) / np.maximum(scale, np.finfo(np.float32).tiny)
+    tol = 1e-7 * np.sqrt(w.shape[1])
+    assert err.max() <= tol, f"max error {err.max():.3g} x sum|w||x| (tolerance {tol:.3g})"
+
+
+def int8_activations(x, two: bool):
+    """x [B, cols] as the int8 kernels see it: (the dequantised rows, dx * x8 [+ dr * r8], [B,
+    cols]; the last row's scale of each value's unit of 256, which bounds what is left, [B,
+    cols])."""
+    x8, r8, dx, dr, _ = qdot.quantize(x, two)
+    unit = np.arange(x.shape[1]) // 256  # each value's unit (a row's last may be shorter)
+    deq = x8 * dx[:, unit].astype(np.float64)
+    if two:
+        deq += r8 * dr[:, unit].astype(np.float64)
+    return deq, (dr if two else dx)[:, unit]
+
+
+def assert_int8_close(got, x, w: QuantTensor, two: bool):
+    """got is x @ w.T computed from int8 activations (one row each, or two): within float32
+    rounding of the reference on those, and within their rounding of the reference on x (see
+    the module docstring)."""
+    xq, step = int8_activations(x, two)
+    assert_rounding_close(got, xq, w)
+    dq = w.dequantize().astype(np.float64)  # [rows, cols]
+    bound = step @ np.abs(dq).T / 2  # [B, rows]: sum_i |w_i| d_i / 2
+    err = np.abs(got - x.astype(np.float64) @ dq.T)
+    slack = 1e-7 * np.sqrt(w.shape[1]) * (np.abs(x.astype(np.float64)) @ np.abs(dq).T)  # float rounding
+    assert (err <= bound + slack).all(), f"max error {(err / bound).max():.3g} x sum|w| d / 2"
+
+
+def assert_matches(backend, got, x, w: QuantTensor):
+    """got == x @ w.T as the kernel that ran promises: float32 rounding, or int8 activations'
+    (simd and pool only: the others have float32 activations)."""
+    mode = backend._int8_mode(w) if hasattr(backend, "_int8_mode") else 0
+    if mode and Q.int_dot(int(WeightKind.of(w))):
+        assert_int8_close(got, x, w, mode == 2)
+    else:
+        assert_rounding_close(got, x, w)

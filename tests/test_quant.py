@@ -1,22 +1,12 @@
-"""Quantized weights: every kernel of every type pinned to the reference, the gguf package's
-dequantisation followed by a float32 matmul (QuantTensor.dequantize, the cpu backend).
+"""Quantized weights apart from the ops: the int8 activation rows (qdot.quantize), the kernels'
+dequantisation bit for bit, how simd and pool keep a weight (in place, read-only; 16-bit rows
+not in groups of 32 as float32) and count its bytes, torch's dequantisation at load; then the
+formats: gguf's quantizers read back by the reference, `--weights` quantizing as gguf does, a
+folder quantized at load.
 
-Weights are random blocks built byte by byte (qblocks.py): zero and extreme float16 scales,
-negative mins, every nibble and sign; rows of one block and of many; row counts that are not a
-multiple of the kernels' two rows per pass; 1 (decode), 2..16 (a few) and more (prefill)
-activation rows. With float32 activations the kernels agree with the reference within float32
-rounding: the error of each output, relative to sum(|w| |x|) over its row, stays under
-1e-7 x sqrt(cols) (float32's unit roundoff is 6e-8; summation order differs, as in BLAS).
-Dequantised weights (embedding, prefill tiles) are equal to the reference bit for bit.
-
-Products of Q4_K and Q6_K weights with one or a few activation rows may take int8 activations
-(qdot.py; the backends' int8_activations): per row ggml's Q8_K, scale dx per 256 values (a
-row's last unit may be shorter), plus for weights whose inputs carry outliers (outlier_inputs:
-o_proj, down_proj) a second int8 row for its remainder, scale dr. Such a product is pinned
-twice: to the reference run on the dequantised activations, within float32 rounding as above;
-and to the reference on the float32 activations within what rounding them may cost, sum over
-the row of |w_i| d_i / 2 (each activation moves by at most half a step of its unit's last
-scale d).
+Weights are random blocks built byte by byte (qblocks.py, which also holds the bounds a product
+with them must meet: float32 rounding, or what int8 activations may cost). The products
+themselves, linear, linear_many and embedding of every type on every backend, are in tests/ops/.
 """
 
 from __future__ import annotations
@@ -25,7 +15,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize as gguf_quantize
-from qblocks import random_blocks
+from qblocks import assert_rounding_close, int8_activations, random_blocks, width
 
 from inferno.backends.numba import qdot
 from inferno.backends.numba import qkernels as Q
@@ -38,11 +28,6 @@ from inferno.errors import InfernoError
 from inferno.backends.numba.simd import SimdBackend
 
 TYPES = list(QTYPES)
-REF = CpuBackend()
-
-
-def width(name: str, blocks: int) -> int:
-    return blocks * max(QTYPES[name].block, 32)
 
 
 @pytest.fixture(scope="module", params=["simd", "pool-eager", "pool-1"])
@@ -56,88 +41,6 @@ def ops(request):
         backend.parallel_min_elements = 0
     yield backend
     backend.close()
-
-
-def assert_rounding_close(got, x, w: QuantTensor):
-    """got == x @ w.T within float32 rounding (see the module docstring)."""
-    dq = w.dequantize().astype(np.float64)  # [rows, cols]
-    x64 = x.astype(np.float64)
-    want = x64 @ dq.T
-    scale = np.abs(x64) @ np.abs(dq).T  # sum(|w| |x|) per output
-    assert got.dtype == np.float32 and got.shape == want.shape
-    err = np.abs(got - want) / np.maximum(scale, np.finfo(np.float32).tiny)
-    tol = 1e-7 * np.sqrt(w.shape[1])
-    assert err.max() <= tol, f"max error {err.max():.3g} x sum|w||x| (tolerance {tol:.3g})"
-
-
-def int8_activations(x, two: bool):
-    """x [B, cols] as the int8 kernels see it: (the dequantised rows, dx * x8 [+ dr * r8], [B,
-    cols]; the last row's scale of each value's unit of 256, which bounds what is left, [B,
-    cols])."""
-    x8, r8, dx, dr, _ = qdot.quantize(x, two)
-    unit = np.arange(x.shape[1]) // 256  # each value's unit (a row's last may be shorter)
-    deq = x8 * dx[:, unit].astype(np.float64)
-    if two:
-        deq += r8 * dr[:, unit].astype(np.float64)
-    return deq, (dr if two else dx)[:, unit]
-
-
-def assert_int8_close(got, x, w: QuantTensor, two: bool):
-    """got is x @ w.T computed from int8 activations (one row each, or two): within float32
-    rounding of the reference on those, and within their rounding of the reference on x (see
-    the module docstring)."""
-    xq, step = int8_activations(x, two)
-    assert_rounding_close(got, xq, w)
-    dq = w.dequantize().astype(np.float64)  # [rows, cols]
-    bound = step @ np.abs(dq).T / 2  # [B, rows]: sum_i |w_i| d_i / 2
-    err = np.abs(got - x.astype(np.float64) @ dq.T)
-    slack = 1e-7 * np.sqrt(w.shape[1]) * (np.abs(x.astype(np.float64)) @ np.abs(dq).T)  # float rounding
-    assert (err <= bound + slack).all(), f"max error {(err / bound).max():.3g} x sum|w| d / 2"
-
-
-def assert_matches(ops, got, x, w: QuantTensor):
-    """got == x @ w.T as the kernel that ran promises: float32 rounding, or int8 activations'."""
-    mode = ops._int8_mode(w)
-    if mode and Q.int_dot(int(WeightKind.of(w))):
-        assert_int8_close(got, x, w, mode == 2)
-    else:
-        assert_rounding_close(got, x, w)
-
-
-@pytest.mark.parametrize("name", TYPES)
-@pytest.mark.parametrize("rows,blocks", [(1, 1), (2, 3), (7, 2), (33, 5)])
-@pytest.mark.parametrize("batch", [1, 2, 3, 7, 16, 17])
-def test_linear_matches_dequantised_matmul(ops, name, rows, blocks, batch):
-    w = random_blocks(name, rows, width(name, blocks), seed=rows * 31 + blocks, readonly=True)
-    x = np.random.default_rng(batch).standard_normal((batch, w.shape[1]), dtype=np.float32)
-    got = ops.linear(x, ops.weight(w))
-    assert_matches(ops, got, x, w)
-    assert_rounding_close(REF.linear(x, REF.weight(w)), x, w)  # the reference meets it too
-
-
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
-@pytest.mark.parametrize("mode", [0, 1, 2])
-@pytest.mark.parametrize("rows,blocks", [(1, 1), (7, 2), (33, 5)])
-@pytest.mark.parametrize("batch", [1, 2, 3, 4, 7])
-def test_decode_with_and_without_int8_activations(ops, name, mode, rows, blocks, batch, monkeypatch):
-    """The decode and few-row kernels of the K-quants: float32 activations (exact), one int8
-    row and two, for one activation row and for a few (every pass of four, two and one; where
-    x86 has no AVX2 they compile to plain LLVM vector arithmetic: correct, if slow).
-    Activations of every scale, a zero run and a lone spike."""
-    monkeypatch.setattr(ops, "int8_activations", mode > 0)
-    w = random_blocks(name, rows, width(name, blocks), seed=rows + blocks, readonly=True)
-    w.outlier_inputs = mode == 2  # a remainder row too
-    rng = np.random.default_rng(rows)
-    x = rng.standard_normal((batch, w.shape[1]), dtype=np.float32)
-    x *= rng.choice([1e-6, 1.0, 1e4], (batch, w.shape[1] // 256)).repeat(256, axis=1).astype(np.float32)
-    x[0, :256] = 0.0  # dx = 0: every qx 0
-    if blocks > 1:
-        x[-1, 300] = 1e3  # one value sets the scale of its 256
-    got = ops.linear(x, ops.weight(w))
-    if mode:
-        assert_int8_close(got, x, w, mode == 2)
-    else:
-        assert_rounding_close(got, x, w)
 
 
 @pytest.mark.parametrize("two", [False, True])
@@ -162,85 +65,12 @@ def test_int8_activation_rows(two, cols):
     assert np.allclose(s16, deq.reshape(3, -1, 16).sum(axis=2), rtol=1e-5, atol=1e-30)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
-@pytest.mark.parametrize("outliers", [False, True])
-def test_int8_rows_do_not_depend_on_their_batch(ops, name, outliers, monkeypatch):
-    """With int8 activations a row's product is the same alone (decode), among a few (a batched
-    step) and among many (a prefill), up to float32 rounding: every row is quantized on its
-    own and multiplied the same way, so a sequence's logits do not depend on how its tokens
-    were grouped into steps."""
-    monkeypatch.setattr(ops, "int8_activations", True)
-    w = random_blocks(name, 37, width(name, 3), seed=2, readonly=True)
-    w.outlier_inputs = outliers
-    kept = ops.weight(w)
-    x = np.random.default_rng(5).standard_normal((40, w.shape[1]), dtype=np.float32)
-    alone = np.concatenate([ops.linear(x[b:b + 1], kept) for b in range(len(x))])
-    scale = np.abs(x) @ np.abs(w.dequantize()).T
-    for batch in (2, 5, 16, 40):
-        got = ops.linear(x[:batch], kept)
-        assert (np.abs(got - alone[:batch]) <= 1e-6 * scale[:batch]).all(), batch
-
-
-@pytest.mark.parametrize("name", TYPES)
-@pytest.mark.parametrize("int8,outliers", [(False, False), (True, False), (True, True)])
-def test_prefill_tiles_and_partial_tiles(ops, name, int8, outliers, monkeypatch):
-    """Many activation rows: dequantised tiles into sgemm, with a last tile that is short; or,
-    for Q4_K and Q6_K with int8 activations, their integer kernel over every row, with the
-    remainder row for a weight whose inputs carry outliers."""
-    from inferno.backends.numba import pool, simd
-    monkeypatch.setattr(ops, "int8_activations", int8)
-    monkeypatch.setattr(simd, "prefill_tile", lambda cols: 16)
-    monkeypatch.setattr(pool, "prefill_tile", lambda cols: 16)
-    w = random_blocks(name, 41, width(name, 2), seed=5)
-    w.outlier_inputs = outliers
-    x = np.random.default_rng(0).standard_normal((40, w.shape[1]), dtype=np.float32)
-    assert_matches(ops, ops.linear(x, ops.weight(w)), x, w)
-
-
-@pytest.mark.parametrize("name", TYPES)
-def test_embedding_is_the_dequantised_rows(ops, name):
-    w = random_blocks(name, 50, width(name, 2), seed=3, readonly=True)
-    ids = np.array([0, 49, 7, 7, 23])
-    want = w.dequantize()[ids]
-    assert np.array_equal(ops.embedding(ops.weight(w), ids), want)
-    assert np.array_equal(REF.embedding(REF.weight(w), ids), want)
-
-
-def test_embedding_rejects_ids_outside_the_table(ops):
-    w = ops.weight(random_blocks("Q8_0", 4, 32))
-    with pytest.raises(ValueError, match=r"\[0, 4\)"):
-        ops.embedding(w, np.array([1, 4]))
-
-
 @pytest.mark.parametrize("name", TYPES)
 def test_dequant_rows_is_bit_exact(name):
     w = random_blocks(name, 9, width(name, 3), seed=11)
     out = np.full(w.shape, np.nan, dtype=np.float32)
     Q.dequant_rows(int(WeightKind[name]), w.data, out, 2, 9)
     assert np.array_equal(out[:7], w.dequantize(2, 9))
-
-
-def test_linear_many_fuses_mixed_types(ops):
-    """q/k/v-like weights of three types and row counts in one launch (pool), batch 1 and 3."""
-    cols = 512
-    ws = [random_blocks("Q4_1", 9, cols, seed=1), random_blocks("Q6_K", 5, cols, seed=2),
-          random_blocks("Q8_0", 16, cols, seed=3, readonly=True)]
-    for batch in (1, 3):
-        x = np.random.default_rng(batch).standard_normal((batch, cols), dtype=np.float32)
-        outs = ops.linear_many(x, [ops.weight(w) for w in ws])
-        assert len(outs) == 3
-        for got, w in zip(outs, ws):
-            assert_matches(ops, got, x, w)
-
-
-def test_linear_rejects_a_mismatched_width(ops):
-    """The kernels read without bounds checks, so the width is checked before any launch."""
-    w = ops.weight(random_blocks("Q4_0", 4, 64))
-    x = np.ones((1, 32), dtype=np.float32)
-    with pytest.raises(ValueError, match="32 columns, the weight 64"):
-        ops.linear(x, w)
-    with pytest.raises(ValueError, match="32 columns"):
-        ops.linear_many(x, [w, w])
 
 
 def test_weight_keeps_the_blocks_in_place(ops):
@@ -268,15 +98,6 @@ def test_weight_nbytes_counts_the_bytes_a_step_reads(ops):
     w = random_blocks("Q4_1", 4, 64)
     assert ops.weight_nbytes(ops.weight(w)) == 4 * 2 * 20
     assert ops.weight_nbytes(ops.weight(np.ones((4, 64), dtype=np.float32))) == 4 * 64 * 4
-
-
-def test_reference_linear_tiles_bound_memory(monkeypatch):
-    """The reference dequantises a few rows at a time and still gets every row."""
-    from inferno.backends import base
-    monkeypatch.setattr(base, "QUANT_TILE", 3 * 64)  # three rows of 64 per tile
-    w = random_blocks("Q5_1", 10, 64, seed=4)
-    x = np.random.default_rng(0).standard_normal((2, 64), dtype=np.float32)
-    assert_rounding_close(REF.linear(x, w), x, w)
 
 
 # -- the reference against llama.cpp's own formats -------------------------------------------------

@@ -1,7 +1,7 @@
 """What is particular to the `torch` backend: device and dtype selection, weights on the device
 once (tied embeddings shared), tensors that stay on the device, the chunked materialized
-attention, and timing through the tracing backend. Logit parity with transformers and attention
-against the materialized reference run for `torch` in test_parity.py and test_attention.py."""
+attention, and timing through the tracing backend. Logit parity with transformers runs for
+`torch` in test_parity.py, every op against the reference in tests/ops/."""
 
 from __future__ import annotations
 

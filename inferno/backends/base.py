@@ -305,6 +305,14 @@ def check_window(causal: bool, window: int) -> None:
         raise ValueError("a sliding window needs causal attention")
 
 
+def check_prefill(causal: bool, window: int, seq_q: int, seq_k: int) -> None:
+    """A prefill's attention arguments: a window as check_window says, and (bottom-right causal)
+    at least as many keys as queries."""
+    if causal and seq_k < seq_q:
+        raise ValueError(f"causal attention needs at least as many keys ({seq_k}) as queries ({seq_q})")
+    check_window(causal, window)
+
+
 def check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int, head_dim: int,
                  window: int) -> None:
     """decode_attention's arguments: heads that fit q, K and V buffers alike, one slot and one
@@ -337,9 +345,7 @@ def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, win
     """
     seq_q, seq_k = q.shape[0], k.shape[0]
     offset = seq_k - seq_q  # bottom-right causal alignment: row r sits at position offset + r
-    if causal and offset < 0:
-        raise ValueError(f"causal attention needs at least as many keys ({seq_k}) as queries ({seq_q})")
-    check_window(causal, window)
+    check_prefill(causal, window, seq_q, seq_k)
     group = n_heads // n_kv_heads
     # Heads that share a KV head sit together: [n_kv, group, seq_q, head_dim].
     qh = q.reshape(seq_q, n_kv_heads, group, head_dim).transpose(1, 2, 0, 3)

@@ -115,4 +115,4 @@ def dequantize_q8_0(stored: np.ndarray) -> np.ndarray:
     n = stored.shape[0]
     blocks = np.ascontiguousarray(stored).reshape(-1, Q8_0_BYTES)
     d = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # [blocks, 1]
-    return (blocks[:, 2:].view(np.int8) * d).astype(np.float32).reshape(n, -1)
+    return (blocks[:, 2:].view(np.int8) * d).astype(np.float32).reshape(n, stored.shape[1] // Q8_0_BYTES * QK8_0)

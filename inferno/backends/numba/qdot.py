@@ -23,7 +23,7 @@ and for Q6_K (weight = d sc_s (q - 32), q in 0..63, a scale per 16):
 x' = dx qx + dr rx, the dequantized activations. The dot products run in int32 lanes (their
 largest sums stay below 2^26), so a matvec equals the dequantised weights times x' up to
 float32 rounding: the error against float32 activations is the remainder's rounding alone,
-sum_i |w_i| dr / 2 at most (tests/test_quant.py checks both).
+sum_i |w_i| dr / 2 at most (tests/ops/test_linear.py checks both).
 
 Rows: for one activation row (`k_rows`), two weight rows per pass share each load of the
 activation bytes, and prefetches walk the next pass's rows, a cache line each, as

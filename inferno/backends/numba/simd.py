@@ -24,7 +24,7 @@ from inferno.backends.numba import attention as A
 from inferno.backends.numba import dense as K
 from inferno.backends.numba import kv_kernels as KV
 from inferno.backends.numba import qkernels as Q
-from inferno.backends.base import Backend, check_decode, check_window, score_scale
+from inferno.backends.base import Backend, check_decode, check_prefill, score_scale
 from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba.ilanes import fast_int_dot
 from inferno.formats.quant import QuantTensor
@@ -86,12 +86,6 @@ def token_ids(ids, vocab: int) -> np.ndarray:
     if ids.size and (ids.min() < 0 or ids.max() >= vocab):
         raise ValueError(f"token ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
     return ids
-
-
-def check_causal(q, k, causal: bool) -> None:
-    if causal and k.shape[0] < q.shape[0]:
-        raise ValueError(f"causal attention needs at least as many keys ({k.shape[0]}) as "
-                         f"queries ({q.shape[0]})")
 
 
 class SimdBackend(Backend):
@@ -212,8 +206,7 @@ class SimdBackend(Backend):
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
                                 causal: bool, window: int = 0, scale: float | None = None):
         q, k, v = contiguous(q), contiguous(k), contiguous(v)
-        check_causal(q, k, causal)
-        check_window(causal, window)
+        check_prefill(causal, window, q.shape[0], k.shape[0])
         out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [seq_q, nh * hd]
         keys = min(k.shape[0], window) if window else k.shape[0]  # keys per query, about
         self._flash(q.shape[0] * keys * n_heads * head_dim, q, k, v, out, n_heads, n_kv_heads,

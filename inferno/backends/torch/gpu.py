@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from inferno.backends.base import check_decode, score_scale
+from inferno.backends.base import check_decode, check_prefill, score_scale
 from inferno.backends.torch.torch_backend import TorchBackend, band_mask, materialized_gqa
 from inferno.errors import InfernoError
 
@@ -81,6 +81,7 @@ def sdpa_attention(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, causal
                    window: int = 0, scale: float | None = None):
     """torch's fused attention on our [rows, heads * head_dim] layout; causal bottom-right."""
     seq_q, seq_k = q.shape[0], k.shape[0]
+    check_prefill(causal, window, seq_q, seq_k)
     qh = q.reshape(1, seq_q, n_heads, head_dim).transpose(1, 2)  # [1, nh, seq_q, hd]
     kh = k.reshape(1, seq_k, n_kv_heads, head_dim).transpose(1, 2)  # [1, nkv, seq_k, hd]
     vh = v.reshape(1, seq_k, n_kv_heads, head_dim).transpose(1, 2)

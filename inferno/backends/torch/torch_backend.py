@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from inferno.backends.base import (CACHE_TYPES, QUANT_TILE, Backend, check_decode, check_window,
+from inferno.backends.base import (CACHE_TYPES, QUANT_TILE, Backend, check_decode, check_prefill,
                                    score_scale)
 from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
@@ -266,9 +266,7 @@ def materialized_gqa(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, caus
     """
     seq_q, seq_k = q.shape[0], k.shape[0]
     offset = seq_k - seq_q
-    if causal and offset < 0:
-        raise ValueError(f"causal attention needs at least as many keys ({seq_k}) as queries ({seq_q})")
-    check_window(causal, window)
+    check_prefill(causal, window, seq_q, seq_k)
     group = n_heads // n_kv_heads
     kh = k.reshape(seq_k, n_kv_heads, head_dim).permute(1, 2, 0)  # [n_kv, hd, seq_k]
     vh = v.reshape(seq_k, n_kv_heads, head_dim).transpose(0, 1)  # [n_kv, seq_k, hd]

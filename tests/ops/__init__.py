@@ -1,0 +1,1 @@
+"""The Backend contract's ops, one file per op (a package: its basenames may repeat tests/')."""

@@ -1,0 +1,132 @@
+"""linear: x [rows, in] @ w.T for a weight w [out, in], float32 or quantized.
+
+Float weights: against the float64 product at rows on both sides of the 64-row tile edge (1 is
+decode's matvec), 150 outputs (not a multiple of the matvec's 4), and an lm_head-sized matvec
+(4099 x 576) big enough for the pool to split into uneven parts.
+
+Quantized weights, every GGML type (random blocks, qblocks.py, whose docstring gives the bounds):
+rows of one block and of many, row counts that are not a multiple of the kernels' two rows per
+pass; 1 (decode), 2..16 (a few) and 17 (prefill) activation rows; float32 activations within
+float32 rounding of the dequantised product, int8 activations (simd and pool's Q4_K and Q6_K)
+within what rounding them may cost. torch dequantises the weight once, in weight(), and runs a
+float32 matmul: within float32 rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ops.helpers import NUMBA, assert_close, call, f32, host, rand
+from qblocks import assert_int8_close, assert_matches, assert_rounding_close, random_blocks, width
+
+from inferno.formats.quant import QTYPES
+
+SEQS = [1, 17, 63, 64, 65, 100, 200]
+
+
+def linear(backend, x, w):
+    return host(backend, backend.linear(backend.from_numpy(x), backend.weight(w)))
+
+
+# -- float32 weights ------------------------------------------------------------------------------
+@pytest.mark.parametrize("rows", SEQS)
+def test_linear(backend, rows):
+    x, w = rand(rows, 96, seed=rows), rand(150, 96, seed=1)  # 150 outputs: not a multiple of 4
+    assert_close(linear(backend, x, w), f32(x.astype(np.float64) @ w.T))
+
+
+def test_linear_lm_head_shape(backend):
+    """A matvec big enough for the pool to split (and rows not a multiple of the split)."""
+    x, w = rand(1, 576, seed=3), rand(4099, 576, seed=4)
+    assert_close(linear(backend, x, w), f32(x.astype(np.float64) @ w.T))
+
+
+# -- quantized weights ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(QTYPES))
+@pytest.mark.parametrize("rows,blocks", [(1, 1), (2, 3), (7, 2), (33, 5)])
+@pytest.mark.parametrize("batch", [1, 2, 3, 7, 16, 17])
+def test_linear_matches_dequantised_matmul(backend, name, rows, blocks, batch):
+    w = random_blocks(name, rows, width(name, blocks), seed=rows * 31 + blocks, readonly=True)
+    x = np.random.default_rng(batch).standard_normal((batch, w.shape[1]), dtype=np.float32)
+    assert_matches(backend, linear(backend, x, w), x, w)
+
+
+@pytest.mark.backends(*NUMBA)
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("rows,blocks", [(1, 1), (7, 2), (33, 5)])
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 7])
+def test_decode_with_and_without_int8_activations(backend, name, mode, rows, blocks, batch, monkeypatch):
+    """The decode and few-row kernels of the K-quants: float32 activations (exact), one int8
+    row and two, for one activation row and for a few (every pass of four, two and one; where
+    x86 has no AVX2 they compile to plain LLVM vector arithmetic: correct, if slow).
+    Activations of every scale, a zero run and a lone spike."""
+    monkeypatch.setattr(backend, "int8_activations", mode > 0)
+    w = random_blocks(name, rows, width(name, blocks), seed=rows + blocks, readonly=True)
+    w.outlier_inputs = mode == 2  # a remainder row too
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((batch, w.shape[1]), dtype=np.float32)
+    x *= rng.choice([1e-6, 1.0, 1e4], (batch, w.shape[1] // 256)).repeat(256, axis=1).astype(np.float32)
+    x[0, :256] = 0.0  # dx = 0: every qx 0
+    if blocks > 1:
+        x[-1, 300] = 1e3  # one value sets the scale of its 256
+    got = backend.linear(x, backend.weight(w))
+    if mode:
+        assert_int8_close(got, x, w, mode == 2)
+    else:
+        assert_rounding_close(got, x, w)
+
+
+@pytest.mark.backends(*NUMBA)
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("outliers", [False, True])
+def test_int8_rows_do_not_depend_on_their_batch(backend, name, outliers, monkeypatch):
+    """With int8 activations a row's product is the same alone (decode), among a few (a batched
+    step) and among many (a prefill), up to float32 rounding: every row is quantized on its
+    own and multiplied the same way, so a sequence's logits do not depend on how its tokens
+    were grouped into steps."""
+    monkeypatch.setattr(backend, "int8_activations", True)
+    w = random_blocks(name, 37, width(name, 3), seed=2, readonly=True)
+    w.outlier_inputs = outliers
+    kept = backend.weight(w)
+    x = np.random.default_rng(5).standard_normal((40, w.shape[1]), dtype=np.float32)
+    alone = np.concatenate([backend.linear(x[b:b + 1], kept) for b in range(len(x))])
+    scale = np.abs(x) @ np.abs(w.dequantize()).T
+    for batch in (2, 5, 16, 40):
+        got = backend.linear(x[:batch], kept)
+        assert (np.abs(got - alone[:batch]) <= 1e-6 * scale[:batch]).all(), batch
+
+
+@pytest.mark.backends(*NUMBA)
+@pytest.mark.parametrize("name", list(QTYPES))
+@pytest.mark.parametrize("int8,outliers", [(False, False), (True, False), (True, True)])
+def test_prefill_tiles_and_partial_tiles(backend, name, int8, outliers, monkeypatch):
+    """Many activation rows: dequantised tiles into sgemm, with a last tile that is short; or,
+    for Q4_K and Q6_K with int8 activations, their integer kernel over every row, with the
+    remainder row for a weight whose inputs carry outliers."""
+    from inferno.backends.numba import pool, simd
+    monkeypatch.setattr(backend, "int8_activations", int8)
+    monkeypatch.setattr(simd, "prefill_tile", lambda cols: 16)
+    monkeypatch.setattr(pool, "prefill_tile", lambda cols: 16)
+    w = random_blocks(name, 41, width(name, 2), seed=5)
+    w.outlier_inputs = outliers
+    x = np.random.default_rng(0).standard_normal((40, w.shape[1]), dtype=np.float32)
+    assert_matches(backend, backend.linear(x, backend.weight(w)), x, w)
+
+
+@pytest.mark.backends(*NUMBA)
+def test_linear_rejects_a_mismatched_width(backend):
+    """The kernels read without bounds checks, so the width is checked before any launch."""
+    w = backend.weight(random_blocks("Q4_0", 4, 64))
+    with pytest.raises(ValueError, match="32 columns, the weight 64"):
+        backend.linear(np.ones((1, 32), dtype=np.float32), w)
+
+
+@pytest.mark.backends("cpu")
+def test_reference_linear_tiles_bound_memory(backend, monkeypatch):
+    """The reference dequantises a few rows at a time and still gets every row."""
+    from inferno.backends import base
+    monkeypatch.setattr(base, "QUANT_TILE", 3 * 64)  # three rows of 64 per tile
+    w = random_blocks("Q5_1", 10, 64, seed=4)
+    x = np.random.default_rng(0).standard_normal((2, 64), dtype=np.float32)
+    assert_rounding_close(call(backend, "linear", x, w), x, w)

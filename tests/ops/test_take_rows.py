@@ -1,0 +1,14 @@
+"""take_rows: x[rows] for an index array or list (the rows a step wants logits for), exact, in
+any order and with repeats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ops.helpers import assert_exact, call, rand
+
+
+@pytest.mark.parametrize("rows", [[4], [9, 0, 3], np.array([2, 2, 7])], ids=["one", "list", "array"])
+def test_take_rows(backend, rows):
+    x = rand(10, 70, seed=1)
+    assert_exact(call(backend, "take_rows", x, rows), x[np.asarray(rows)])
