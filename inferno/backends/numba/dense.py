@@ -13,6 +13,8 @@ masked scores are -inf, and a kernel must not assume them away.
 
 from __future__ import annotations
 
+import math
+
 import numba as nb
 import numpy as np
 
@@ -117,18 +119,31 @@ def rope_rows(x, cos, sin, head_dim, out, r0, r1):
                 y2[d] = x2[d] * c[d] + x1[d] * s[d]
 
 
+# (c, k) of glu_rows for each activation.
+SILU = (np.float32(-1.0), np.float32(0.0))
+GELU_TANH = (np.float32(-2.0 * math.sqrt(2.0 / math.pi)), np.float32(0.044715))
+
+
 @jit
-def silu_mul_rows(gate, up, out, r0, r1):
-    """SwiGLU silu(gate) * up on rows r0..r1."""
+def glu_rows(gate, up, c, k, out, r0, r1):
+    """Gated linear units act(gate) * up on rows r0..r1, for the activations of the form
+    g / (1 + exp(c (g + k g^3))): SiLU (SILU: g sigmoid(g)) and GELU's tanh approximation
+    (GELU_TANH: 0.5 g (1 + tanh(z)) is g sigmoid(2z), z = sqrt(2/pi) (g + 0.044715 g^3)), so
+    both take the one exp."""
     n = gate.shape[1]
-    neg = np.empty(n, np.float32)
+    a = np.empty(n, np.float32)
     e = np.empty(n, np.float32)
     bits = np.empty(n, np.int32)
     for r in range(r0, r1):
         g, u, y = gate[r], up[r], out[r]
-        for j in range(n):
-            neg[j] = -g[j]
-        exp_into(neg, e, bits, n)
+        if k == 0:  # SiLU: no cube (an infinite gate stays one)
+            for j in range(n):
+                a[j] = c * g[j]
+        else:
+            for j in range(n):
+                x = g[j]
+                a[j] = c * (x + k * x * x * x)
+        exp_into(a, e, bits, n)
         for j in range(n):
             y[j] = g[j] / (np.float32(1.0) + e[j]) * u[j]
 

@@ -79,10 +79,10 @@ def _rope(x, cos, sin, head_dim, out, chunks):
 
 
 @nb.njit(parallel=True, cache=True)
-def _silu_mul(gate, up, out, chunks):
+def _glu(gate, up, a, k, out, chunks):
     n = gate.shape[0]
     for c in nb.prange(chunks):
-        K.silu_mul_rows(gate, up, out, chunk_start(n, c, chunks, 1), chunk_start(n, c + 1, chunks, 1))
+        K.glu_rows(gate, up, a, k, out, chunk_start(n, c, chunks, 1), chunk_start(n, c + 1, chunks, 1))
 
 
 @nb.njit(parallel=True, cache=True)
@@ -292,9 +292,15 @@ class PoolBackend(SimdBackend):
         return out
 
     def silu_mul(self, gate, up):
+        return self._glu(gate, up, K.SILU)
+
+    def gelu_mul(self, gate, up):
+        return self._glu(gate, up, K.GELU_TANH)
+
+    def _glu(self, gate, up, activation):
         gate, up = contiguous(gate), contiguous(up)
         out = np.empty_like(gate)
-        self._rowwise(K.silu_mul_rows, _silu_mul, gate.size, out, gate, up)
+        self._rowwise(K.glu_rows, _glu, gate.size, out, gate, up, *activation)
         return out
 
     def softmax_rows(self, x):

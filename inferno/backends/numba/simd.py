@@ -167,9 +167,15 @@ class SimdBackend(Backend):
         return out
 
     def silu_mul(self, gate, up):
+        return self._glu(gate, up, K.SILU)
+
+    def gelu_mul(self, gate, up):
+        return self._glu(gate, up, K.GELU_TANH)
+
+    def _glu(self, gate, up, activation):
         gate, up = contiguous(gate), contiguous(up)
         out = np.empty_like(gate)
-        K.silu_mul_rows(gate, up, out, 0, gate.shape[0])
+        K.glu_rows(gate, up, *activation, out, 0, gate.shape[0])
         return out
 
     def softmax_rows(self, x):

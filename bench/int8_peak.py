@@ -1,0 +1,119 @@
+"""This CPU's int8 dot-product peak on one core, as the integer kernels can reach it.
+
+    python bench/int8_peak.py            # a table; --json for one JSON object
+
+The ceiling a quantized GEMM is measured against (issue 20 asks for each kernel's fraction of
+it). One Numba loop keeps 8 accumulators of eight int32 lanes busy with ilanes.dpbusd: 32 byte
+products summed into int32 per instruction (VNNI's vpdpbusd where the CPU has AVX512-VNNI with
+VL or AVX-VNNI; else AVX2's vpmaddubsw + vpmaddwd + vpaddd, what llama.cpp's AVX2 kernels run).
+The weight bytes stream from a 2 KiB buffer (L1), four loads a pass serving eight products, as
+a register-blocked tile does; the activation bytes sit in registers. A multiply-add counts two
+operations, so the figures read as llama.cpp's "GFLOP/s" of a GEMM. Beside it: the float32 FMA
+peak of lanes.vfma (16 lanes), the ceiling of the sgemm and float32 paths.
+
+The int8 loop is 256 bits wide, as ilanes' registers (and the kernels) are: a CPU with a full
+512-bit datapath (Zen 5) can do more with zmm registers than this shows. The float32 loop uses
+lanes' 16-lane vectors (one zmm register with AVX-512, two ymm with AVX2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numba as nb  # noqa: E402
+import numpy as np  # noqa: E402
+
+from inferno.backends.numba import ilanes  # noqa: E402
+from inferno.backends.numba.ilanes import bload, dpbusd, fsum8, fzero8, iadd, ifma, izero  # noqa: E402
+from inferno.backends.numba.lanes import vfma, vload, vsum, vzero  # noqa: E402
+
+RING = 2048  # bytes of weights cycled through (in L1)
+INT8_MACS = 8 * 32  # multiply-adds a pass: 8 dpbusd of 32 byte products
+F32_MACS = 6 * 16  # 6 FMAs of 16 lanes
+
+
+@nb.njit(cache=False, nogil=True)
+def int8_loop(w, x, passes, out):
+    """8 dpbusd a pass: 4 weight vectors (loaded) x 2 activation vectors (in registers); 8
+    accumulators, so that AVX2's 16 registers hold them with the operands."""
+    x0, x1 = bload(x, 0), bload(x, 32)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = izero()
+    o = 0
+    for _ in range(passes):
+        w0, w1, w2, w3 = bload(w, o), bload(w, o + 32), bload(w, o + 64), bload(w, o + 96)
+        a0, a1 = dpbusd(a0, w0, x0), dpbusd(a1, w0, x1)
+        a2, a3 = dpbusd(a2, w1, x0), dpbusd(a3, w1, x1)
+        a4, a5 = dpbusd(a4, w2, x0), dpbusd(a5, w2, x1)
+        a6, a7 = dpbusd(a6, w3, x0), dpbusd(a7, w3, x1)
+        o = (o + 128) & (RING - 1)
+    s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
+    out[0] = fsum8(ifma(fzero8(), s, 1.0))
+
+
+@nb.njit(cache=False, nogil=True, fastmath={"contract"})
+def f32_loop(w, x, passes, out):
+    """6 FMAs of 16 lanes a pass: 2 loaded vectors x 3 in registers."""
+    x0, x1, x2 = vload(x, 0), vload(x, 16), vload(x, 32)
+    a0 = a1 = a2 = a3 = a4 = a5 = vzero()
+    o = 0
+    for _ in range(passes):
+        w0, w1 = vload(w, o), vload(w, o + 16)
+        a0, a1, a2 = vfma(w0, x0, a0), vfma(w0, x1, a1), vfma(w0, x2, a2)
+        a3, a4, a5 = vfma(w1, x0, a3), vfma(w1, x1, a4), vfma(w1, x2, a5)
+        o = (o + 32) & (RING // 4 - 1)
+    out[0] = vsum(a0) + vsum(a1) + vsum(a2) + vsum(a3) + vsum(a4) + vsum(a5)
+
+
+def timed(fn, w, x, passes: int, repeats: int) -> float:
+    """Median seconds of fn over `passes` passes (one untimed call compiles and warms)."""
+    out = np.zeros(1, np.float32)
+    fn(w, x, 10, out)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(w, x, passes, out)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--passes", type=int, default=20_000_000)
+    p.add_argument("--repeats", "-r", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    rng = np.random.default_rng(0)
+    w8, x8 = rng.integers(0, 16, RING, dtype=np.uint8), rng.integers(-128, 128, 96).astype(np.int8).view(np.uint8)
+    wf, xf = rng.standard_normal(RING // 4, dtype=np.float32), rng.standard_normal(48, dtype=np.float32)
+    t8 = timed(int8_loop, w8, x8, args.passes, args.repeats)
+    tf = timed(f32_loop, wf, xf, args.passes, args.repeats)
+    feats = ilanes.target_features()
+    result = {
+        "cpu": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+        if os.path.exists("/proc/cpuinfo") else "?",
+        "int8_instruction": "vpdpbusd" if ilanes.fast_int_dot() and ilanes._vnni() else
+        ("vpmaddubsw+vpmaddwd" if ilanes.fast_int_dot() else "generic LLVM vectors"),
+        "avx512": "avx512f" in feats,
+        "int8_gops": INT8_MACS * 2 * args.passes / t8 / 1e9,
+        "f32_gflops": F32_MACS * 2 * args.passes / tf / 1e9,
+    }
+    result["int8_over_f32"] = result["int8_gops"] / result["f32_gflops"]
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{result['cpu']}, one core ({result['int8_instruction']}; 256-bit registers)")
+    print(f"  int8 dot products   {result['int8_gops']:8.1f} GOP/s (a multiply-add is 2)")
+    print(f"  float32 FMA         {result['f32_gflops']:8.1f} GFLOP/s")
+    print(f"  ratio               {result['int8_over_f32']:8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
