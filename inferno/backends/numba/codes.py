@@ -67,4 +67,7 @@ class CacheKind(Code):
 
     @classmethod
     def of(cls, buf: np.ndarray) -> CacheKind:
-        return cls[cache_types.cache_type_of(buf).upper()]
+        return _CACHE_KIND_OF_DTYPE[buf.dtype]  # on every cache op: a dict lookup, no names
+
+
+_CACHE_KIND_OF_DTYPE = {np.dtype(dtype): CacheKind[name.upper()] for name, dtype in cache_types.DTYPES.items()}

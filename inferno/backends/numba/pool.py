@@ -291,13 +291,8 @@ class PoolBackend(SimdBackend):
         self._rowwise(K.rope_rows, _rope, x.size, out, x, contiguous(cos), contiguous(sin), head_dim)
         return out
 
-    def silu_mul(self, gate, up):
-        return self._glu(gate, up, K.SILU)
-
-    def gelu_mul(self, gate, up):
-        return self._glu(gate, up, K.GELU_TANH)
-
     def _glu(self, gate, up, activation):
+        """simd's silu_mul and gelu_mul, split across threads."""
         gate, up = contiguous(gate), contiguous(up)
         out = np.empty_like(gate)
         self._rowwise(K.glu_rows, _glu, gate.size, out, gate, up, *activation)
