@@ -102,7 +102,9 @@ class State:
             batch = self.load_fn(self.metrics)
         except BaseException as e:  # noqa: BLE001  reported by /health and the server's exit
             self.error = e.for_cli() if isinstance(e, InfernoError) else f"{type(e).__name__}: {e}"
-            log.error("loading the model failed: %s", self.error)
+            # a bad file or flag is the user's to fix, and its message says how; anything else
+            # is a fault of ours, and its traceback is what a bug report needs
+            log.error("loading the model failed: %s", self.error, exc_info=not isinstance(e, InfernoError))
         else:
             self.tokens = TokenText(batch.engine.tokenizer)
             # llguidance's view of the vocabulary, built now: on a first constrained request it

@@ -97,6 +97,84 @@ def test_int8_rows_do_not_depend_on_their_batch(backend, name, outliers, monkeyp
         assert (np.abs(got - alone[:batch]) <= 1e-6 * scale[:batch]).all(), batch
 
 
+@pytest.mark.backends("simd")
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("outliers", [False, True])
+@pytest.mark.parametrize("batch", [1, 2, 7, 8, 9, 63, 64, 65, 511])
+@pytest.mark.parametrize("rows,blocks", [(1, 1), (9, 1), (16, 2), (33, 7)])
+def test_int8_gemm_on_panels(backend, name, outliers, batch, rows, blocks):
+    """qgemm.k_gemm, called directly on every row count (tile edges: passes of four, two and
+    one activation rows, panels of sixteen weight rows with a short last one), one super-block
+    and many: within int8 rounding of the dequantised product, and within float32 rounding of
+    qdot's kernels on the same int8 rows (the integers summed are the same)."""
+    from inferno.backends.numba import qdot, qgemm
+    w = random_blocks(name, rows, width(name, blocks), seed=rows * 7 + blocks, readonly=True)
+    x = np.random.default_rng(batch).standard_normal((batch, w.shape[1]), dtype=np.float32)
+    x[0, :256] = 0.0  # a zero unit: dx = 0
+    xq = qdot.quantize(x, outliers)
+    ub = qdot.Q4_K_BYTES if name == "Q4_K" else qdot.Q6_K_BYTES
+    got = np.full((batch, rows), np.nan, np.float32)
+    qgemm.k_gemm(ub, w.data, *xq, got, 0, rows)
+    assert_int8_close(got, x, w, outliers)
+    few = np.empty_like(got)
+    qdot.k_few(ub, w.data, *xq, few, 0, rows)
+    scale = np.abs(x) @ np.abs(w.dequantize()).T
+    assert (np.abs(got - few) <= 1e-6 * scale).all()
+
+
+# Haswell's features: AVX2 and FMA, no AVX-512, no VNNI (some of this project's machines).
+AVX2_ONLY = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+mmx,+movbe,"
+             "+popcnt,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
+NO_VNNI = """
+import sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from qblocks import random_blocks
+from inferno.backends.numba import ilanes, qdot, qgemm
+assert ilanes.fast_int_dot() and not ilanes._vnni()
+for name, ub in (("Q4_K", qdot.Q4_K_BYTES), ("Q6_K", qdot.Q6_K_BYTES)):
+    for two in (False, True):
+        w = random_blocks(name, 19, 512, seed=1)
+        x = np.random.default_rng(2).standard_normal((9, 512), dtype=np.float32)
+        got = np.empty((9, 19), np.float32)
+        qgemm.k_gemm(ub, w.data, *qdot.quantize(x, two), got, 0, 19)
+        np.save({out!r} + f"/{{name}}-{{two}}.npy", got)
+"""
+
+
+@pytest.mark.backends("simd")
+def test_int8_gemm_without_vnni(backend, tmp_path):
+    """Compiled for an AVX2 machine without VNNI (Numba told so, in a fresh process: dpbusd is
+    then vpmaddubsw + vpmaddwd + add), the kernel gives the same answers."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=AVX2_ONLY)
+    script = NO_VNNI.format(tests=str(Path(__file__).parents[1]), out=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for name in ("Q4_K", "Q6_K"):
+        for two in (False, True):
+            w = random_blocks(name, 19, 512, seed=1)
+            x = np.random.default_rng(2).standard_normal((9, 512), dtype=np.float32)
+            assert_int8_close(np.load(tmp_path / f"{name}-{two}.npy"), x, w, two)
+
+
+@pytest.mark.backends("simd")
+def test_int8_gemm_writes_only_its_rows(backend):
+    """A row range that starts and ends inside panels (the pool splits rows by eights, a
+    linear_many piece anywhere): the rows outside it are left alone."""
+    from inferno.backends.numba import qdot, qgemm
+    w = random_blocks("Q4_K", 40, 512, seed=3, readonly=True)
+    x = np.random.default_rng(1).standard_normal((9, 512), dtype=np.float32)
+    xq = qdot.quantize(x, False)
+    got = np.full((9, 40), np.nan, np.float32)
+    qgemm.k_gemm(qdot.Q4_K_BYTES, w.data, *xq, got, 5, 27)
+    assert np.isnan(got[:, :5]).all() and np.isnan(got[:, 27:]).all()
+    assert_int8_close(got[:, 5:27], x, w.take_rows(np.arange(5, 27)), False)
+
+
 @pytest.mark.backends(*NUMBA)
 @pytest.mark.parametrize("name", list(QTYPES))
 @pytest.mark.parametrize("int8,outliers", [(False, False), (True, False), (True, True)])

@@ -139,12 +139,19 @@ def _int(context, builder, value, ty, to=types.int32):
 
 
 # -- bytes ---------------------------------------------------------------------------------------------
-@intrinsic
-def bload(typingctx, f, o):
-    """The 32 bytes f[o:o + 32] of a uint8 or int8 array."""
-    def codegen(context, builder, sig, args):
-        return builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I8, 32), align=1)
-    return i8x32(f, types.intp), codegen
+def _vector_load(name, result, elem, count, align, doc):
+    """An intrinsic `name(f, o)`: the `count` elements f[o:o + count] as the vector `result`."""
+    def load(typingctx, f, o):
+        def codegen(context, builder, sig, args):
+            return builder.load(_address(context, builder, sig.args[0], args[0], args[1], elem, count), align=align)
+        return result(f, types.intp), codegen
+    load.__name__ = load.__qualname__ = name
+    load.__doc__ = doc
+    return intrinsic(load)
+
+
+bload = _vector_load("bload", i8x32, _I8, 32, 1, "The 32 bytes f[o:o + 32] of a uint8 or int8 array.")
+iload = _vector_load("iload", i32x8, _I32, 8, 4, "The 8 int32 f[o:o + 8] of an int32 array.")
 
 
 @intrinsic
@@ -221,6 +228,24 @@ def iadd(typingctx, a, b):
 @intrinsic
 def izero(typingctx):
     return i32x8(), lambda context, builder, sig, args: _const(_D, 0)
+
+
+@intrinsic
+def bsplat4(typingctx, f, o):
+    """The 4 bytes f[o:o + 4] in each of the 8 quads: one activation's four values against
+    eight weight rows' (qgemm's interleaved panels)."""
+    def codegen(context, builder, sig, args):
+        w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=1)
+        return builder.bitcast(_splat(builder, w, _D), _B)
+    return i8x32(f, types.intp), codegen
+
+
+@intrinsic
+def imul(typingctx, a, b):
+    """a * b, lane by lane, in int32 (the callers' products stay far below 2^31)."""
+    def codegen(context, builder, sig, args):
+        return builder.mul(args[0], args[1])
+    return i32x8(i32x8, i32x8), codegen
 
 
 # -- int16 scales --------------------------------------------------------------------------------------
@@ -300,6 +325,49 @@ def fsum8(typingctx, v):
                                             "llvm.vector.reduce.fadd.v8f32")
         return builder.call(fn, [ir.Constant(_F32, 0.0), args[0]], fastmath=_FAST)
     return types.float32(f32x8), codegen
+
+
+fload8 = _vector_load("fload8", f32x8, _F32, 8, 4, "The 8 float32 f[o:o + 8].")
+
+
+@intrinsic
+def fstore8(typingctx, f, o, v):
+    """f[o:o + 8] = v."""
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _address(context, builder, sig.args[0], args[0], args[1], _F32, 8), align=4)
+        return context.get_dummy_value()
+    return types.void(f, types.intp, f32x8), codegen
+
+
+@intrinsic
+def fsplat8(typingctx, x):
+    """x in all 8 lanes."""
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.float32), _F8)
+    return f32x8(x), codegen
+
+
+@intrinsic
+def ffma8(typingctx, a, b, c):
+    """a * b + c, lane by lane."""
+    def codegen(context, builder, sig, args):
+        return builder.fadd(builder.fmul(args[0], args[1], flags=_FAST), args[2], flags=_FAST)
+    return f32x8(f32x8, f32x8, f32x8), codegen
+
+
+@intrinsic
+def fmul8(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1], flags=_FAST)
+    return f32x8(f32x8, f32x8), codegen
+
+
+@intrinsic
+def ifloat8(typingctx, v):
+    """The 8 int32 lanes as float32."""
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], _F8)
+    return f32x8(i32x8), codegen
 
 
 # -- quantizing activations ----------------------------------------------------------------------------

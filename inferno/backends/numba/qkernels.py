@@ -17,13 +17,13 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   row decoded once for up to four activation rows; Q4_K and Q6_K, as above, in integers
   (qdot.k_few);
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
-  Q4_K and Q6_K with int8 activations take every row through qdot.k_few instead (about 1.4x
-  sgemm's rate on dequantised tiles; with the remainder row, on o_proj and down_proj, it does
-  twice the products and about ties with the tiles). Decode, a batch and a prefill then compute a row the same
-  way: a sequence's logits do not depend on how its tokens were grouped into steps (a chat
-  turn prefilled after a reused cache, a server step shared with others) beyond float32
-  rounding. Keeping o_proj and down_proj on float32 tiles in prefill would gain a few percent
-  of pp512 on the Qwen3-1.7B shape, at the cost of that;
+  Q4_K and Q6_K with int8 activations take eight activation rows or more through qgemm.k_gemm
+  instead (panels of eight weight rows against four activation rows per vpdpbusd pass), and
+  fewer through qdot.k_few. The integers summed are the same in all three (k_rows, k_few,
+  k_gemm); only the float32 order of adding them up differs. Decode, a batch and a prefill then
+  compute a row the same way: a sequence's logits do not depend on how its tokens were grouped
+  into steps (a chat turn prefilled after a reused cache, a server step shared with others)
+  beyond float32 rounding;
 - embedding (`embed_rows`): whole rows dequantised.
 
 The backends call the drivers through `linear_for`, `linear_par_for` and `linear_many_par_for`,
@@ -51,7 +51,7 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
-from inferno.backends.numba import jitcache, qdot
+from inferno.backends.numba import jitcache, qdot, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.qdot import Q4_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
 from inferno.backends.numba.dense import FAST
@@ -69,6 +69,9 @@ F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = map(int, WeightKind)
 
 # Activation rows per call up to which `few_rows` beats dequantised tiles + sgemm.
 FEW_MAX = 16
+# Activation rows from which qgemm's panels beat qdot.k_few (packing a panel costs about as much
+# as four rows' products; bench/RESULTS.md, "Prefill on K-quant files").
+GEMM_MIN = 8
 
 
 # -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
@@ -226,6 +229,8 @@ def _rows_int8(kind, unit_bytes, w, x, xs, xq, out, col, r0, r1):
         _rows(kind, w, x, xs, out, col, r0, r1)
     elif x.shape[0] == 1:
         qdot.k_rows(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
+    elif x.shape[0] >= GEMM_MIN:
+        qgemm.k_gemm(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
     else:
         qdot.k_few(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
 
@@ -448,8 +453,8 @@ def linear_par(kind, w, x, out, tile, chunks, mode):
         return
     xs = np.empty((B, n // 32), np.float32)
     xq = activations(x, xs, mode if int_dot(kind) else 0)
-    for c in nb.prange(chunks):
-        rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, 2), chunk_start(rows, c + 1, chunks, 2))
+    for c in nb.prange(chunks):  # whole panels of eight rows (qgemm) where they fit
+        rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, qgemm.P), chunk_start(rows, c + 1, chunks, qgemm.P))
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)

@@ -1,0 +1,283 @@
+"""Prefill's products of K-quant weights (Q4_K, Q6_K) with int8 activations: a GEMM on panels of
+eight weight rows, interleaved by fours, as llama.cpp's repacked CPU kernels multiply them
+(ggml-cpu's repack.cpp, block_q4_Kx8).
+
+Why a panel: qdot.k_few multiplies one weight row's 32 bytes by one activation row's 32 in each
+maddubs, so every 32 products pay for their own scale (a maddwd) and their own add. In a panel
+the 32 bytes of one load hold four consecutive weights of each of eight rows (lane i of the
+int32 view: row i's weights k..k + 3), and one activation's four values k..k + 3, broadcast to
+all eight lanes, meet them in one vpdpbusd: eight rows' partial dot products at once, in int32,
+with no widening between. A group of 32 weights (Q4_K; 16 for Q6_K), eight (four) such steps,
+then takes its eight rows' scales in one int32 multiply, and a super-block its eight rows' d in
+one float multiply-add. Two panels (sixteen rows) go side by side and four activation rows meet
+them (two with the remainder rows, which need registers of their own), so one step is two
+32-byte loads, four 4-byte broadcasts and eight dpbusd: the loads stay below what the cores can
+issue, which one panel at a time (five loads to four dpbusd) was not. Where the machine has no
+VNNI, dpbusd is vpmaddubsw + vpmaddwd + add (ilanes.py): correct everywhere, slower.
+
+The panels are packed as a call needs them, sixteen rows at a time, into scratch that stays in
+L1/L2 while every activation row goes by, as a BLAS packs its panels: the weights stay mapped as
+the file has them (nothing beside them for the process's life, no load-time work, decode's
+kernels unchanged). Packing is word moves, a few hundred per super-block of a panel, but it
+costs what some twenty activation rows' products cost: below eight rows qdot.k_few, which reads
+the weights as they lie, is the quicker (qkernels.GEMM_MIN).
+
+Panel layout, per super-block u of the eight rows:
+  pq:  uint8 [64 steps][8 rows][4]: row i's weights 4t..4t + 3 of the super-block (unsigned:
+       Q4_K's 0..15, Q6_K's 0..63) at bytes 32 (64 u + t) + 4 i;
+  psc: int32 [groups][8]: each group's integer scale per row (Q4_K's 6-bit sc, Q6_K's int8);
+  pd:  float32 [8]: each row's d;
+  pm:  float32 [groups][8]: what the sum of a group's dequantized activations is multiplied by
+       and added: Q4_K's -dmin m, Q6_K's -32 d sc (its weights are q - 32).
+A row's result is then, with x' = dx qx + dr rx and S_g the sum of x' over group g (from
+qdot.quantize_rows' sums of 16):
+  sum_u d_u (dx_u sum_g sc_g (q . qx)_g + dr_u sum_g sc_g (q . rx)_g) + sum_u sum_g pm_g S_g,
+the same integers as qdot's kernels sum, so the two agree up to float32 rounding: a row's
+logits do not depend on whether it came in a prefill (here) or alone (qdot.k_rows).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from inferno.backends.numba.dense import FAST
+from inferno.backends.numba.ilanes import (
+    bload, bsplat4, dpbusd, ffma8, fload8, fmul8, fsplat8, fstore8, fzero8, iadd, ifloat8, iload,
+    imul, izero,
+)
+from inferno.backends.numba.lanes import f16at, u32at
+from inferno.backends.numba.qdot import FOUR, NO, ONE, Q6_K_BYTES, QK, TWO_ROWS, YES
+
+jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
+inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
+
+P = 8  # weight rows per panel: one int32 lane each
+STEPS = QK // 4  # dpbusd steps per super-block
+RUNS = QK // 16  # runs of 16 activations per super-block (qdot's sums)
+LO4, LO2 = 0x0F0F0F0F, 0x03030303
+
+
+@jit
+def buffers(units):
+    """Scratch for one panel of `units` super-blocks: (pq, psc, pd, pm)."""
+    return (np.empty(units * STEPS * 32, np.uint8), np.empty(units * RUNS * P, np.int32),
+            np.empty(units * P, np.float32), np.empty(units * RUNS * P, np.float32))
+
+
+# -- packing -------------------------------------------------------------------------------------------
+@jit
+def q4k_scale_min(f, o, g):
+    """Scale and min of group g (0..7) from the 12 packed bytes at f[o:] (ggml's
+    get_scale_min_k4)."""
+    if g < 4:
+        return f[o + g] & 63, f[o + g + 4] & 63
+    sc = (f[o + g + 4] & 0xF) | ((f[o + g - 4] >> 6) << 4)
+    m = (f[o + g + 4] >> 4) | ((f[o + g] >> 6) << 4)
+    return sc, m
+
+
+@jit
+def pack_q4k_row(f, o, u, i, pq32, psc, pd, pm):
+    """The Q4_K super-block at byte o as super-block u of panel row i."""
+    pd[P * u + i] = f16at(f, o)
+    dmin = f16at(f, o + 2)
+    for g in range(8):
+        sc, m = q4k_scale_min(f, o + 4, g)
+        psc[(8 * u + g) * P + i] = sc
+        pm[(8 * u + g) * P + i] = -dmin * np.float32(m)
+    for j in range(4):  # 32 bytes: weights 64j..64j + 31 low, 64j + 32.. high
+        for t in range(8):
+            word = u32at(f, o + 16 + 32 * j + 4 * t)
+            pq32[(STEPS * u + 16 * j + t) * P + i] = word & LO4
+            pq32[(STEPS * u + 16 * j + 8 + t) * P + i] = (word >> 4) & LO4
+
+
+@jit
+def pack_q6k_row(f, o, u, i, pq32, psc, pd, pm):
+    """The Q6_K super-block at byte o (128 bytes of low nibbles, 64 of high bits, 16 int8
+    scales, f16 d) as super-block u of panel row i."""
+    d = f16at(f, o + 208)
+    pd[P * u + i] = d
+    for s in range(16):
+        sc = np.int32(np.int8(f[o + 192 + s]))
+        psc[(16 * u + s) * P + i] = sc
+        pm[(16 * u + s) * P + i] = np.float32(-32.0) * d * np.float32(sc)
+    for h in range(2):
+        for t in range(8):
+            ql0 = u32at(f, o + 64 * h + 4 * t)
+            ql1 = u32at(f, o + 64 * h + 32 + 4 * t)
+            qh = u32at(f, o + 128 + 32 * h + 4 * t)
+            st = STEPS * u + 32 * h + t
+            pq32[st * P + i] = (ql0 & LO4) | ((qh & LO2) << 4)
+            pq32[(st + 8) * P + i] = (ql1 & LO4) | (((qh >> 2) & LO2) << 4)
+            pq32[(st + 16) * P + i] = ((ql0 >> 4) & LO4) | (((qh >> 4) & LO2) << 4)
+            pq32[(st + 24) * P + i] = ((ql1 >> 4) & LO4) | (((qh >> 6) & LO2) << 4)
+
+
+@jit
+def pack(ub, w, p0, n, pq, psc, pd, pm):
+    """Rows p0..p0 + n (n <= 8) of w, of Q4_K (ub = Q4_K_BYTES) or Q6_K, as one panel; the rows
+    past n are zeros, their lanes computed and dropped."""
+    f = w.reshape(-1)
+    rb = w.shape[1]
+    units = rb // ub
+    pq32 = pq.view(np.uint32)
+    for i in range(P):
+        if i >= n:
+            for u in range(units):
+                pd[P * u + i] = 0.0
+                for s in range(RUNS):
+                    psc[(RUNS * u + s) * P + i] = 0
+                    pm[(RUNS * u + s) * P + i] = 0.0
+                for t in range(STEPS):
+                    pq32[(STEPS * u + t) * P + i] = 0
+            continue
+        for u in range(units):
+            o = (p0 + i) * rb + ub * u
+            if ub == Q6_K_BYTES:
+                pack_q6k_row(f, o, u, i, pq32, psc, pd, pm)
+            else:
+                pack_q4k_row(f, o, u, i, pq32, psc, pd, pm)
+
+
+# -- two panels against activation rows ---------------------------------------------------------------
+# The state of one activation row against a pair of panels (sixteen weight rows), in registers:
+# a group's int32 sums (g: panel a, panel b, and the same of the remainder row), a super-block's
+# scaled sums (s, alike) and the float results (f: panel a, panel b).
+@inline
+def step(qa, qb, x8, r8, st, k, two, g):
+    """Step st of both panels against the four bytes at x8[k:] (and r8[k:])."""
+    wa, wb = bload(qa, 32 * st), bload(qb, 32 * st)  # shared by every row (LLVM merges the loads)
+    x = bsplat4(x8, k)
+    a, b, ra, rb = g
+    a, b = dpbusd(a, wa, x), dpbusd(b, wb, x)
+    if two:
+        y = bsplat4(r8, k)
+        ra, rb = dpbusd(ra, wa, y), dpbusd(rb, wb, y)
+    return a, b, ra, rb
+
+
+@inline
+def scaled(g, sca, scb, s):
+    """s + a group's sums times its rows' scales (the remainder's are zeros without `two`: LLVM
+    folds them away)."""
+    return (iadd(s[0], imul(g[0], sca)), iadd(s[1], imul(g[1], scb)),
+            iadd(s[2], imul(g[2], sca)), iadd(s[3], imul(g[3], scb)))
+
+
+@inline
+def offset(f, ma, mb, xsum):
+    """f + the group's mins (Q6_K: its -32 offset) times the sum of its dequantized activations."""
+    v = fsplat8(xsum)
+    return ffma8(ma, v, f[0]), ffma8(mb, v, f[1])
+
+
+@inline
+def unit_end(f, s, da, db, dxs, drs, two):
+    """f + a super-block's scaled sums times d and the activations' scales."""
+    fa = ffma8(ifloat8(s[0]), fmul8(da, fsplat8(dxs)), f[0])
+    fb = ffma8(ifloat8(s[1]), fmul8(db, fsplat8(dxs)), f[1])
+    if two:
+        fa = ffma8(ifloat8(s[2]), fmul8(da, fsplat8(drs)), fa)
+        fb = ffma8(ifloat8(s[3]), fmul8(db, fsplat8(drs)), fb)
+    return fa, fb
+
+
+@inline
+def group_sum(ub, s16, b, u, g):
+    """The sum of the dequantized activations of row b over group g of super-block u."""
+    if ub == Q6_K_BYTES:
+        return s16[b, RUNS * u + g]
+    return s16[b, RUNS * u + 2 * g] + s16[b, RUNS * u + 2 * g + 1]
+
+
+@jit
+def panels(ub, rows, two, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n):
+    """out[b..b + rows, p0..p0 + n] = the rows of panels pa and pb (n <= 16: pa's eight, then
+    pb's) against activation rows b..b + rows (rows 1, 2 or 4 and two literals)."""
+    qa, sca_, da_, ma_ = pa
+    qb, scb_, db_, mb_ = pb
+    groups = 16 if ub == Q6_K_BYTES else 8
+    steps = STEPS // groups
+    cols = x8.shape[1]
+    z, fz = izero(), fzero8()
+    f0 = f1 = f2 = f3 = (fz, fz)
+    for u in range(units):
+        s0 = s1 = s2 = s3 = (z, z, z, z)
+        for g in range(groups):
+            st0 = STEPS * u + steps * g
+            k = b * cols + QK * u + 4 * steps * g
+            g0 = g1 = g2 = g3 = (z, z, z, z)
+            for t in range(steps):
+                g0 = step(qa, qb, x8, r8, st0 + t, k + 4 * t, two, g0)
+                if rows >= 2:
+                    g1 = step(qa, qb, x8, r8, st0 + t, k + cols + 4 * t, two, g1)
+                if rows == 4:
+                    g2 = step(qa, qb, x8, r8, st0 + t, k + 2 * cols + 4 * t, two, g2)
+                    g3 = step(qa, qb, x8, r8, st0 + t, k + 3 * cols + 4 * t, two, g3)
+            o = (groups * u + g) * P
+            sca, scb, ma, mb = iload(sca_, o), iload(scb_, o), fload8(ma_, o), fload8(mb_, o)
+            s0 = scaled(g0, sca, scb, s0)
+            f0 = offset(f0, ma, mb, group_sum(ub, s16, b, u, g))
+            if rows >= 2:
+                s1 = scaled(g1, sca, scb, s1)
+                f1 = offset(f1, ma, mb, group_sum(ub, s16, b + 1, u, g))
+            if rows == 4:
+                s2 = scaled(g2, sca, scb, s2)
+                f2 = offset(f2, ma, mb, group_sum(ub, s16, b + 2, u, g))
+                s3 = scaled(g3, sca, scb, s3)
+                f3 = offset(f3, ma, mb, group_sum(ub, s16, b + 3, u, g))
+        da, db = fload8(da_, P * u), fload8(db_, P * u)
+        f0 = unit_end(f0, s0, da, db, dx[b, u], dr[b, u] if two else 0.0, two)
+        if rows >= 2:
+            f1 = unit_end(f1, s1, da, db, dx[b + 1, u], dr[b + 1, u] if two else 0.0, two)
+        if rows == 4:
+            f2 = unit_end(f2, s2, da, db, dx[b + 2, u], dr[b + 2, u] if two else 0.0, two)
+            f3 = unit_end(f3, s3, da, db, dx[b + 3, u], dr[b + 3, u] if two else 0.0, two)
+    lanes = np.empty(4 * 2 * P, np.float32)
+    fstore8(lanes, 0, f0[0])
+    fstore8(lanes, P, f0[1])
+    fstore8(lanes, 2 * P, f1[0])
+    fstore8(lanes, 3 * P, f1[1])
+    fstore8(lanes, 4 * P, f2[0])
+    fstore8(lanes, 5 * P, f2[1])
+    fstore8(lanes, 6 * P, f3[0])
+    fstore8(lanes, 7 * P, f3[1])
+    for a in range(rows):
+        for i in range(n):
+            out[b + a, p0 + i] = lanes[2 * P * a + i]
+
+
+@jit
+def _pass(ub, rows, two, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n):
+    """panels with `two` made a literal (rows already is one)."""
+    if two:
+        panels(ub, rows, YES, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n)
+    else:
+        panels(ub, rows, NO, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n)
+
+
+@jit
+def k_gemm(ub, w, x8, r8, dx, dr, s16, out, r0, r1):
+    """out[b, r] = w[r] . x'[b] for rows r0..r1 of w (Q4_K, ub = Q4_K_BYTES, or Q6_K) and every
+    activation row b that qdot.quantize wrote: sixteen weight rows at a time, packed once as two
+    panels and then met by the activation rows four at a time (two with the remainder rows,
+    whose sums need registers of their own), then two, then one. Same arguments as qdot.k_few."""
+    B = x8.shape[0]
+    two = dr.shape[0] > 0
+    units = w.shape[1] // ub
+    pa, pb = buffers(units), buffers(units)
+    for p0 in range(r0, r1, 2 * P):
+        n = min(2 * P, r1 - p0)
+        pack(ub, w, p0, min(P, n), pa[0], pa[1], pa[2], pa[3])
+        pack(ub, w, p0 + P, max(n - P, 0), pb[0], pb[1], pb[2], pb[3])
+        b = 0
+        while b + 4 <= B and not two:
+            _pass(ub, FOUR, two, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n)
+            b += 4
+        while b + 2 <= B:
+            _pass(ub, TWO_ROWS, two, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n)
+            b += 2
+        if b < B:
+            _pass(ub, ONE, two, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n)
