@@ -9,7 +9,7 @@ nibble and every sign occurs.
 The reference for a product is the gguf package's dequantisation followed by a float64 matmul.
 With float32 activations a kernel agrees within float32 rounding: the error of each output,
 relative to sum(|w| |x|) over its row, stays under 1e-7 x sqrt(cols) (float32's unit roundoff is
-6e-8; summation order differs, as in BLAS). Products of Q4_K and Q6_K weights with one or a few
+6e-8; summation order differs, as in BLAS). Products of Q4_K, Q5_K and Q6_K weights with one or a few
 activation rows may take int8 activations (qdot.py; the backends' int8_activations): per row
 ggml's Q8_K, scale dx per 256 values (a row's last unit may be shorter), plus for weights whose
 inputs carry outliers (outlier_inputs: o_proj, down_proj) a second int8 row for its remainder,

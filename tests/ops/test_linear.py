@@ -7,7 +7,7 @@ decode's matvec), 150 outputs (not a multiple of the matvec's 4), and an lm_head
 Quantized weights, every GGML type (random blocks, qblocks.py, whose docstring gives the bounds):
 rows of one block and of many, row counts that are not a multiple of the kernels' two rows per
 pass; 1 (decode), 2..16 (a few) and 17 (prefill) activation rows; float32 activations within
-float32 rounding of the dequantised product, int8 activations (simd and pool's Q4_K and Q6_K)
+float32 rounding of the dequantised product, int8 activations (simd and pool's K-quants)
 within what rounding them may cost. torch dequantises the weight once, in weight(), and runs a
 float32 matmul: within float32 rounding.
 """
@@ -52,7 +52,7 @@ def test_linear_matches_dequantised_matmul(backend, name, rows, blocks, batch):
 
 
 @pytest.mark.backends(*NUMBA)
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("mode", [0, 1, 2])
 @pytest.mark.parametrize("rows,blocks", [(1, 1), (7, 2), (33, 5)])
 @pytest.mark.parametrize("batch", [1, 2, 3, 4, 7])
@@ -78,7 +78,7 @@ def test_decode_with_and_without_int8_activations(backend, name, mode, rows, blo
 
 
 @pytest.mark.backends(*NUMBA)
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("outliers", [False, True])
 def test_int8_rows_do_not_depend_on_their_batch(backend, name, outliers, monkeypatch):
     """With int8 activations a row's product is the same alone (decode), among a few (a batched
@@ -98,7 +98,7 @@ def test_int8_rows_do_not_depend_on_their_batch(backend, name, outliers, monkeyp
 
 
 @pytest.mark.backends("simd")
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("outliers", [False, True])
 @pytest.mark.parametrize("batch", [1, 2, 7, 8, 9, 63, 64, 65, 511])
 @pytest.mark.parametrize("rows,blocks", [(1, 1), (9, 1), (16, 2), (33, 7)])
@@ -112,7 +112,7 @@ def test_int8_gemm_on_panels(backend, name, outliers, batch, rows, blocks):
     x = np.random.default_rng(batch).standard_normal((batch, w.shape[1]), dtype=np.float32)
     x[0, :256] = 0.0  # a zero unit: dx = 0
     xq = qdot.quantize(x, outliers)
-    ub = qdot.Q4_K_BYTES if name == "Q4_K" else qdot.Q6_K_BYTES
+    ub = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}[name]
     got = np.full((batch, rows), np.nan, np.float32)
     qgemm.k_gemm(ub, w.data, *xq, got, 0, rows)
     assert_int8_close(got, x, w, outliers)
@@ -132,7 +132,7 @@ sys.path.insert(0, {tests!r})
 from qblocks import random_blocks
 from inferno.backends.numba import ilanes, qdot, qgemm
 assert ilanes.fast_int_dot() and not ilanes._vnni()
-for name, ub in (("Q4_K", qdot.Q4_K_BYTES), ("Q6_K", qdot.Q6_K_BYTES)):
+for name, ub in (("Q4_K", qdot.Q4_K_BYTES), ("Q5_K", qdot.Q5_K_BYTES), ("Q6_K", qdot.Q6_K_BYTES)):
     for two in (False, True):
         w = random_blocks(name, 19, 512, seed=1)
         x = np.random.default_rng(2).standard_normal((9, 512), dtype=np.float32)
@@ -154,7 +154,7 @@ def test_int8_gemm_without_vnni(backend, tmp_path):
     script = NO_VNNI.format(tests=str(Path(__file__).parents[1]), out=str(tmp_path))
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    for name in ("Q4_K", "Q6_K"):
+    for name in ("Q4_K", "Q5_K", "Q6_K"):
         for two in (False, True):
             w = random_blocks(name, 19, 512, seed=1)
             x = np.random.default_rng(2).standard_normal((9, 512), dtype=np.float32)
@@ -180,7 +180,7 @@ def test_int8_gemm_writes_only_its_rows(backend):
 @pytest.mark.parametrize("int8,outliers", [(False, False), (True, False), (True, True)])
 def test_prefill_tiles_and_partial_tiles(backend, name, int8, outliers, monkeypatch):
     """Many activation rows: dequantised tiles into sgemm, with a last tile that is short; or,
-    for Q4_K and Q6_K with int8 activations, their integer kernel over every row, with the
+    for the K-quants with int8 activations, their integer kernels, with the
     remainder row for a weight whose inputs carry outliers."""
     from inferno.backends.numba import pool, simd
     monkeypatch.setattr(backend, "int8_activations", int8)

@@ -164,14 +164,14 @@ def bbits(typingctx, v, shift, mask):
 
 
 @intrinsic
-def bhigh(typingctx, lo, hi, shift):
-    """lo | (((hi >> shift) & 3) << 4), byte by byte: a Q6_K quant from its nibble and its two
-    high bits."""
+def bhigh(typingctx, lo, hi, shift, mask):
+    """lo | (((hi >> shift) & mask) << 4), byte by byte: a Q6_K quant from its nibble and its
+    two high bits (mask 3), a Q5_K one from its nibble and its fifth bit (mask 1)."""
     def codegen(context, builder, sig, args):
-        s = builder.trunc(_int(context, builder, args[2], sig.args[2]), _I8)
-        h = builder.and_(builder.lshr(args[1], _splat(builder, s, _B)), _const(_B, 3))
+        s, m = (builder.trunc(_int(context, builder, args[i], sig.args[i]), _I8) for i in (2, 3))
+        h = builder.and_(builder.lshr(args[1], _splat(builder, s, _B)), _splat(builder, m, _B))
         return builder.or_(args[0], builder.shl(h, _const(_B, 4)))
-    return i8x32(i8x32, i8x32, shift), codegen
+    return i8x32(i8x32, i8x32, shift, mask), codegen
 
 
 @intrinsic

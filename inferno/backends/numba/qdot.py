@@ -1,4 +1,4 @@
-"""Matvecs and few-row products of K-quant weights (Q4_K, Q6_K) against int8 activations:
+"""Matvecs and few-row products of K-quant weights (Q4_K, Q5_K, Q6_K) against int8 activations:
 integer dot products, as llama.cpp computes them (ggml's ggml_vec_dot_q4_K_q8_K and _q6_K_q8_K),
 with a second int8 row for what the first leaves where a weight's inputs carry outliers.
 
@@ -16,7 +16,8 @@ remainder row, on the weights whose inputs are heavy-tailed (QuantTensor.outlier
 o_proj, down_proj), brings the activations' rounding to 1/254 of ggml's at the cost of a second
 maddubs on the weight bytes already loaded.
 
-A super-block's dot product is then, for Q4_K (weight = d sc_g q - dmin m_g, q in 0..15):
+A super-block's dot product is then, for Q4_K (weight = d sc_g q - dmin m_g, q in 0..15; Q5_K
+the same with q in 0..31, its fifth bits in 32 bytes of their own):
   d * sum_g sc_g (dx (q . qx)_g + dr (q . rx)_g)  -  dmin * sum_g m_g (sum of x' over g)
 and for Q6_K (weight = d sc_s (q - 32), q in 0..63, a scale per 16):
   d * sum_s sc_s (dx (q . qx)_s + dr (q . rx)_s)  -  32 d sum_s sc_s (sum of x' over s),
@@ -64,7 +65,7 @@ jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 
 QK = 256  # activations per scale, and weights per K-quant super-block
-Q4_K_BYTES, Q6_K_BYTES = 144, 210
+Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = 144, 176, 210
 
 
 # -- the activation rows -------------------------------------------------------------------------------
@@ -130,21 +131,22 @@ def quantize(x, two):
     return x8, r8, dx, dr, s16
 
 
-# -- Q4_K ----------------------------------------------------------------------------------------------
+# -- Q4_K and Q5_K -------------------------------------------------------------------------------------
 @jit
-def q4k_quarter(qa, x8, xo, sc, j):
-    """Weights 64j..64j + 64 of a Q4_K super-block (qa: their 32 bytes of nibbles, low ones
-    weights 0-31, high ones 32-63) against x8[xo:], each run of 32 times its 6-bit scale
-    (lanes 2j and 2j + 1 of sc): 8 int32 partial sums."""
-    lo = maddwd(maddubs(bbits(qa, 0, 15), bload(x8, xo)), wsplat(sc, 2 * j))
-    hi = maddwd(maddubs(bbits(qa, 4, 15), bload(x8, xo + 32)), wsplat(sc, 2 * j + 1))
+def q4k_quarter(lo, hi, x8, xo, sc, j):
+    """Weights 64j..64j + 64 of a Q4_K or Q5_K super-block (lo: weights 0-31 as bytes, hi:
+    32-63) against x8[xo:], each run of 32 times its 6-bit scale (lanes 2j and 2j + 1 of sc):
+    8 int32 partial sums."""
+    lo = maddwd(maddubs(lo, bload(x8, xo)), wsplat(sc, 2 * j))
+    hi = maddwd(maddubs(hi, bload(x8, xo + 32)), wsplat(sc, 2 * j + 1))
     return iadd(lo, hi)
 
 
 @inline
-def q4k_unit(f, o, x8, r8, dx, dr, s16, b, u, two, acc, macc):
-    """The Q4_K super-block at byte o against super-block u of activation row b: the row's
-    float accumulators (acc: scaled dot products; macc: the mins' terms) advanced."""
+def q4k_unit(ub, f, o, x8, r8, dx, dr, s16, b, u, two, acc, macc):
+    """The Q4_K (ub = Q4_K_BYTES) or Q5_K super-block at byte o against super-block u of
+    activation row b: the row's float accumulators (acc: scaled dot products; macc: the mins'
+    terms) advanced."""
     n = x8.shape[1]
     sc = kscales(f, o + 4)  # [8 scales, 8 mins]
     sums = vpairs_hi(vload(s16, b * (n // 16) + 16 * u))  # per 32, in the mins' lanes
@@ -152,10 +154,15 @@ def q4k_unit(f, o, x8, r8, dx, dr, s16, b, u, two, acc, macc):
     s, t = izero(), izero()
     xo = b * n + QK * u
     for j in range(4):
-        qa = bload(f, o + 16 + 32 * j)
-        s = iadd(s, q4k_quarter(qa, x8, xo + 64 * j, sc, j))
+        if ub == Q5_K_BYTES:  # nibbles after 32 bytes of fifth bits: weight l of group g's is bit g of byte l
+            qa, qh = bload(f, o + 48 + 32 * j), bload(f, o + 16)
+            lo, hi = bhigh(bbits(qa, 0, 15), qh, 2 * j, 1), bhigh(bbits(qa, 4, 15), qh, 2 * j + 1, 1)
+        else:
+            qa = bload(f, o + 16 + 32 * j)
+            lo, hi = bbits(qa, 0, 15), bbits(qa, 4, 15)
+        s = iadd(s, q4k_quarter(lo, hi, x8, xo + 64 * j, sc, j))
         if two:
-            t = iadd(t, q4k_quarter(qa, r8, xo + 64 * j, sc, j))
+            t = iadd(t, q4k_quarter(lo, hi, r8, xo + 64 * j, sc, j))
     d = f16at(f, o)
     acc = ifma(acc, s, d * dx[b, u])
     return (ifma(acc, t, d * dr[b, u]) if two else acc), macc
@@ -179,8 +186,8 @@ def q6k_weights(f, o, h):
     run t is the low (t < 2) or high nibbles of bytes 64h + 32 (t % 2) of the 128 bytes of
     nibbles, with bits 2t..2t + 1 of bytes 32h of the 64 bytes of high bits above them."""
     ql0, ql1, qh = bload(f, o + 64 * h), bload(f, o + 64 * h + 32), bload(f, o + 128 + 32 * h)
-    return (bhigh(bbits(ql0, 0, 15), qh, 0), bhigh(bbits(ql1, 0, 15), qh, 2),
-            bhigh(bbits(ql0, 4, 15), qh, 4), bhigh(bbits(ql1, 4, 15), qh, 6))
+    return (bhigh(bbits(ql0, 0, 15), qh, 0, 3), bhigh(bbits(ql1, 0, 15), qh, 2, 3),
+            bhigh(bbits(ql0, 4, 15), qh, 4, 3), bhigh(bbits(ql1, 4, 15), qh, 6, 3))
 
 
 @inline
@@ -203,18 +210,18 @@ def q6k_unit(f, o, x8, r8, dx, dr, s16, b, u, two, acc, macc):
 
 @inline
 def k_unit(ub, f, o, x8, r8, dx, dr, s16, b, u, two, acc, macc):
-    """The super-block at byte o of a Q4_K (ub = Q4_K_BYTES) or Q6_K row against super-block u
-    of activation row b."""
+    """The super-block at byte o of a Q4_K, Q5_K or Q6_K row (ub its bytes) against super-block
+    u of activation row b."""
     if ub == Q6_K_BYTES:
         return q6k_unit(f, o, x8, r8, dx, dr, s16, b, u, two, acc, macc)
-    return q4k_unit(f, o, x8, r8, dx, dr, s16, b, u, two, acc, macc)
+    return q4k_unit(ub, f, o, x8, r8, dx, dr, s16, b, u, two, acc, macc)
 
 
 # -- rows ----------------------------------------------------------------------------------------------
 @jit
 def k_rows(ub, w, x8, r8, dx, dr, s16, y, r0, r1):
-    """y[r] = w[r] . x' for rows r0..r1 of w, of Q4_K (ub = Q4_K_BYTES) or Q6_K (Q6_K_BYTES), x'
-    the one activation row quantize_rows wrote. ub a literal: each kind compiles its own loops."""
+    """y[r] = w[r] . x' for rows r0..r1 of w, of Q4_K, Q5_K or Q6_K (ub: Q4_K_BYTES..), x' the
+    one activation row quantize_rows wrote. ub a literal: each kind compiles its own loops."""
     f = w.reshape(-1)
     rb = w.shape[1]
     two = dr.shape[0] > 0

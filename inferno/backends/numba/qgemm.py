@@ -1,4 +1,4 @@
-"""Prefill's products of K-quant weights (Q4_K, Q6_K) with int8 activations: a GEMM on panels of
+"""Prefill's products of K-quant weights (Q4_K, Q5_K, Q6_K) with int8 activations: a GEMM on panels of
 eight weight rows, interleaved by fours, as llama.cpp's repacked CPU kernels multiply them
 (ggml-cpu's repack.cpp, block_q4_Kx8).
 
@@ -7,7 +7,7 @@ maddubs, so every 32 products pay for their own scale (a maddwd) and their own a
 the 32 bytes of one load hold four consecutive weights of each of eight rows (lane i of the
 int32 view: row i's weights k..k + 3), and one activation's four values k..k + 3, broadcast to
 all eight lanes, meet them in one vpdpbusd: eight rows' partial dot products at once, in int32,
-with no widening between. A group of 32 weights (Q4_K; 16 for Q6_K), eight (four) such steps,
+with no widening between. A group of 32 weights (Q4_K, Q5_K; 16 for Q6_K), eight (four) such steps,
 then takes its eight rows' scales in one int32 multiply, and a super-block its eight rows' d in
 one float multiply-add. Two panels (sixteen rows) go side by side and four activation rows meet
 them (two with the remainder rows, which need registers of their own), so one step is two
@@ -18,17 +18,18 @@ VNNI, dpbusd is vpmaddubsw + vpmaddwd + add (ilanes.py): correct everywhere, slo
 The panels are packed as a call needs them, sixteen rows at a time, into scratch that stays in
 L1/L2 while every activation row goes by, as a BLAS packs its panels: the weights stay mapped as
 the file has them (nothing beside them for the process's life, no load-time work, decode's
-kernels unchanged). Packing is word moves, a few hundred per super-block of a panel, but it
-costs what some twenty activation rows' products cost: below eight rows qdot.k_few, which reads
-the weights as they lie, is the quicker (qkernels.GEMM_MIN).
+kernels unchanged). Packing is scalar word moves, a few hundred per super-block of a panel, and
+costs what qdot.k_few takes for four or five activation rows: below 32 rows k_few, which reads
+the weights as they lie, is the quicker (qkernels.GEMM_MIN); at 512 the panels run at about
+twice its rate.
 
 Panel layout, per super-block u of the eight rows:
   pq:  uint8 [64 steps][8 rows][4]: row i's weights 4t..4t + 3 of the super-block (unsigned:
-       Q4_K's 0..15, Q6_K's 0..63) at bytes 32 (64 u + t) + 4 i;
-  psc: int32 [groups][8]: each group's integer scale per row (Q4_K's 6-bit sc, Q6_K's int8);
+       Q4_K's 0..15, Q5_K's 0..31, Q6_K's 0..63) at bytes 32 (64 u + t) + 4 i;
+  psc: int32 [groups][8]: each group's integer scale per row (Q4_K's and Q5_K's 6-bit sc, Q6_K's int8);
   pd:  float32 [8]: each row's d;
   pm:  float32 [groups][8]: what the sum of a group's dequantized activations is multiplied by
-       and added: Q4_K's -dmin m, Q6_K's -32 d sc (its weights are q - 32).
+       and added: Q4_K's and Q5_K's -dmin m, Q6_K's -32 d sc (its weights are q - 32).
 A row's result is then, with x' = dx qx + dr rx and S_g the sum of x' over group g (from
 qdot.quantize_rows' sums of 16):
   sum_u d_u (dx_u sum_g sc_g (q . qx)_g + dr_u sum_g sc_g (q . rx)_g) + sum_u sum_g pm_g S_g,
@@ -47,7 +48,7 @@ from inferno.backends.numba.ilanes import (
     imul, izero,
 )
 from inferno.backends.numba.lanes import f16at, u32at
-from inferno.backends.numba.qdot import FOUR, NO, ONE, Q6_K_BYTES, QK, TWO_ROWS, YES
+from inferno.backends.numba.qdot import FOUR, NO, ONE, Q5_K_BYTES, Q6_K_BYTES, QK, TWO_ROWS, YES
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
@@ -55,7 +56,7 @@ inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 P = 8  # weight rows per panel: one int32 lane each
 STEPS = QK // 4  # dpbusd steps per super-block
 RUNS = QK // 16  # runs of 16 activations per super-block (qdot's sums)
-LO4, LO2 = 0x0F0F0F0F, 0x03030303
+LO4, LO2, LO1 = 0x0F0F0F0F, 0x03030303, 0x01010101
 
 
 @jit
@@ -78,19 +79,26 @@ def q4k_scale_min(f, o, g):
 
 
 @jit
-def pack_q4k_row(f, o, u, i, pq32, psc, pd, pm):
-    """The Q4_K super-block at byte o as super-block u of panel row i."""
+def pack_q4k_row(ub, f, o, u, i, pq32, psc, pd, pm):
+    """The Q4_K (ub = Q4_K_BYTES) or Q5_K super-block at byte o as super-block u of panel row i
+    (Q5_K: its nibbles after 32 bytes of fifth bits, weight l of group g's bit g of byte l)."""
     pd[P * u + i] = f16at(f, o)
     dmin = f16at(f, o + 2)
     for g in range(8):
         sc, m = q4k_scale_min(f, o + 4, g)
         psc[(8 * u + g) * P + i] = sc
         pm[(8 * u + g) * P + i] = -dmin * np.float32(m)
+    qs = o + 48 if ub == Q5_K_BYTES else o + 16
     for j in range(4):  # 32 bytes: weights 64j..64j + 31 low, 64j + 32.. high
         for t in range(8):
-            word = u32at(f, o + 16 + 32 * j + 4 * t)
-            pq32[(STEPS * u + 16 * j + t) * P + i] = word & LO4
-            pq32[(STEPS * u + 16 * j + 8 + t) * P + i] = (word >> 4) & LO4
+            word = u32at(f, qs + 32 * j + 4 * t)
+            lo, hi = word & LO4, (word >> 4) & LO4
+            if ub == Q5_K_BYTES:
+                fifth = u32at(f, o + 16 + 4 * t)
+                lo |= ((fifth >> (2 * j)) & LO1) << 4
+                hi |= ((fifth >> (2 * j + 1)) & LO1) << 4
+            pq32[(STEPS * u + 16 * j + t) * P + i] = lo
+            pq32[(STEPS * u + 16 * j + 8 + t) * P + i] = hi
 
 
 @jit
@@ -117,7 +125,7 @@ def pack_q6k_row(f, o, u, i, pq32, psc, pd, pm):
 
 @jit
 def pack(ub, w, p0, n, pq, psc, pd, pm):
-    """Rows p0..p0 + n (n <= 8) of w, of Q4_K (ub = Q4_K_BYTES) or Q6_K, as one panel; the rows
+    """Rows p0..p0 + n (n <= 8) of w, of Q4_K, Q5_K or Q6_K (ub its bytes), as one panel; the rows
     past n are zeros, their lanes computed and dropped."""
     f = w.reshape(-1)
     rb = w.shape[1]
@@ -138,7 +146,7 @@ def pack(ub, w, p0, n, pq, psc, pd, pm):
             if ub == Q6_K_BYTES:
                 pack_q6k_row(f, o, u, i, pq32, psc, pd, pm)
             else:
-                pack_q4k_row(f, o, u, i, pq32, psc, pd, pm)
+                pack_q4k_row(ub, f, o, u, i, pq32, psc, pd, pm)
 
 
 # -- two panels against activation rows ---------------------------------------------------------------
@@ -260,7 +268,7 @@ def _pass(ub, rows, two, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n):
 
 @jit
 def k_gemm(ub, w, x8, r8, dx, dr, s16, out, r0, r1):
-    """out[b, r] = w[r] . x'[b] for rows r0..r1 of w (Q4_K, ub = Q4_K_BYTES, or Q6_K) and every
+    """out[b, r] = w[r] . x'[b] for rows r0..r1 of w (Q4_K, Q5_K or Q6_K; ub its bytes) and every
     activation row b that qdot.quantize wrote: sixteen weight rows at a time, packed once as two
     panels and then met by the activation rows four at a time (two with the remainder rows,
     whose sums need registers of their own), then two, then one. Same arguments as qdot.k_few."""

@@ -9,15 +9,15 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
 
 - decode (`matvec_rows`): one activation row, two weight rows per pass sharing each load of x,
   16-lane accumulators in registers reduced once per row, and sum(s * (q . x)) + sum(m * sum(x))
-  so the offset costs one scalar multiply-add per group; for Q4_K and Q6_K, where the backend
+  so the offset costs one scalar multiply-add per group; for Q4_K, Q5_K and Q6_K, where the backend
   says so (its int8_activations: by default where the machine has AVX2), the row is quantized
   to two int8 rows once per call and multiplied in integers instead (qdot.py: ~2x the weights
   per second);
 - a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
-  row decoded once for up to four activation rows; Q4_K and Q6_K, as above, in integers
+  row decoded once for up to four activation rows; the K-quants, as above, in integers
   (qdot.k_few);
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
-  Q4_K and Q6_K with int8 activations take eight activation rows or more through qgemm.k_gemm
+  the K-quants with int8 activations take 32 activation rows or more through qgemm.k_gemm
   instead (panels of eight weight rows against four activation rows per vpdpbusd pass), and
   fewer through qdot.k_few. The integers summed are the same in all three (k_rows, k_few,
   k_gemm); only the float32 order of adding them up differs. Decode, a batch and a prefill then
@@ -53,7 +53,7 @@ from numba.extending import overload
 
 from inferno.backends.numba import jitcache, qdot, qgemm
 from inferno.backends.numba.codes import WeightKind
-from inferno.backends.numba.qdot import Q4_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
+from inferno.backends.numba.qdot import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
 from inferno.backends.numba.dense import FAST
 from inferno.errors import InfernoError
 from inferno.formats.quant import QTYPES, QUANTIZERS, QuantTensor
@@ -69,9 +69,9 @@ F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = map(int, WeightKind)
 
 # Activation rows per call up to which `few_rows` beats dequantised tiles + sgemm.
 FEW_MAX = 16
-# Activation rows from which qgemm's panels beat qdot.k_few (packing a panel costs about as much
-# as four rows' products; bench/RESULTS.md, "Prefill on K-quant files").
-GEMM_MIN = 8
+# Activation rows from which qgemm's panels beat qdot.k_few: packing them costs what k_few takes
+# for four or five rows (bench/RESULTS.md, "K-quant prefill on packed panels").
+GEMM_MIN = 32
 
 
 # -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
@@ -163,7 +163,7 @@ def group_sums(x, xs):
 @jit
 def int_dot(kind):
     """Whether this kind's products can take int8 activations (qdot.py)."""
-    return kind == Q4_K or kind == Q6_K
+    return kind == Q4_K or kind == Q5_K or kind == Q6_K
 
 
 @jit
@@ -200,6 +200,9 @@ def _rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
         if code == Q4_K:
             def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
                 _rows_int8(Q4_K, Q4_K_BYTES, w, x, xs, xq, out, col, r0, r1)
+        elif code == Q5_K:
+            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
+                _rows_int8(Q5_K, Q5_K_BYTES, w, x, xs, xq, out, col, r0, r1)
         elif code == Q6_K:
             def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
                 _rows_int8(Q6_K, Q6_K_BYTES, w, x, xs, xq, out, col, r0, r1)
@@ -223,7 +226,7 @@ def _rows(kind, w, x, xs, out, col, r0, r1):
 
 @jit
 def _rows_int8(kind, unit_bytes, w, x, xs, xq, out, col, r0, r1):
-    """Q4_K or Q6_K (`unit_bytes` a literal, as qdot's kernels want it): in integers when xq
+    """Q4_K, Q5_K or Q6_K (`unit_bytes` a literal, as qdot's kernels want it): in integers when xq
     holds the rows quantized, else as _rows."""
     if xq[0].shape[0] == 0:
         _rows(kind, w, x, xs, out, col, r0, r1)
@@ -453,8 +456,9 @@ def linear_par(kind, w, x, out, tile, chunks, mode):
         return
     xs = np.empty((B, n // 32), np.float32)
     xq = activations(x, xs, mode if int_dot(kind) else 0)
-    for c in nb.prange(chunks):  # whole panels of eight rows (qgemm) where they fit
-        rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, qgemm.P), chunk_start(rows, c + 1, chunks, qgemm.P))
+    for c in nb.prange(chunks):  # whole pairs of qgemm's panels where they fit
+        rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, 2 * qgemm.P),
+                    chunk_start(rows, c + 1, chunks, 2 * qgemm.P))
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)

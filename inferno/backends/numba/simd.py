@@ -94,7 +94,7 @@ class SimdBackend(Backend):
     default_cache_type = "f16"  # llama.cpp's default: half the bytes decode reads, same answers
 
     def __init__(self, int8_activations: bool | None = None):
-        # Products of Q4_K and Q6_K weights with one activation row (decode), a few (the
+        # Products of Q4_K, Q5_K and Q6_K weights with one activation row (decode), a few (the
         # server's batched step) or many (prefill) take those rows as int8 (qdot.py: llama.cpp's
         # Q8_K, plus a row for its remainder where the weight's outlier_inputs says so), by
         # default where x86 multiplies bytes fast (AVX2): 2-2.8x the weights per second on one
