@@ -248,6 +248,38 @@ def imul(typingctx, a, b):
     return i32x8(i32x8, i32x8), codegen
 
 
+def _transpose8(builder, rows):
+    """The 8x8 transpose of 8 <8 x i32> (unpack 32-bit, unpack 64-bit, swap 128-bit halves: the
+    24 shuffles of the usual AVX sequence)."""
+    def shuffle(a, b, mask):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 8), mask))
+    t = []
+    for k in range(0, 8, 2):
+        t += [shuffle(rows[k], rows[k + 1], [0, 8, 1, 9, 4, 12, 5, 13]),
+              shuffle(rows[k], rows[k + 1], [2, 10, 3, 11, 6, 14, 7, 15])]
+    u = []
+    for k in (0, 4):  # t[k], t[k + 1] pair with t[k + 2], t[k + 3]
+        u += [shuffle(t[k], t[k + 2], [0, 1, 8, 9, 4, 5, 12, 13]), shuffle(t[k], t[k + 2], [2, 3, 10, 11, 6, 7, 14, 15]),
+              shuffle(t[k + 1], t[k + 3], [0, 1, 8, 9, 4, 5, 12, 13]), shuffle(t[k + 1], t[k + 3], [2, 3, 10, 11, 6, 7, 14, 15])]
+    lo, hi = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    return [shuffle(u[c], u[c + 4], lo) for c in range(4)] + [shuffle(u[c], u[c + 4], hi) for c in range(4)]
+
+
+@intrinsic
+def bstore_columns(typingctx, f, o, v0, v1, v2, v3, v4, v5, v6, v7):
+    """f[o + 32 t: o + 32 t + 32] = the 4-byte words t of v0..v7, in that order, for t in 0..7:
+    eight rows' runs of 32 bytes, interleaved by fours (qgemm's panels)."""
+    def codegen(context, builder, sig, args):
+        cols = _transpose8(builder, [builder.bitcast(v, _D) for v in args[2:]])
+        base = context.make_array(sig.args[0])(context, builder, args[0]).data
+        o = context.cast(builder, args[1], sig.args[1], types.intp)
+        for t, col in enumerate(cols):
+            p = builder.gep(base, [builder.add(o, ir.Constant(o.type, 32 * t))], inbounds=True)
+            builder.store(col, builder.bitcast(p, _D.as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.void(f, o, *([i8x32] * 8)), codegen
+
+
 # -- int16 scales --------------------------------------------------------------------------------------
 @intrinsic
 def wbytes(typingctx, f, o, signed):

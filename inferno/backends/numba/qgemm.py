@@ -18,10 +18,11 @@ VNNI, dpbusd is vpmaddubsw + vpmaddwd + add (ilanes.py): correct everywhere, slo
 The panels are packed as a call needs them, sixteen rows at a time, into scratch that stays in
 L1/L2 while every activation row goes by, as a BLAS packs its panels: the weights stay mapped as
 the file has them (nothing beside them for the process's life, no load-time work, decode's
-kernels unchanged). Packing is scalar word moves, a few hundred per super-block of a panel, and
-costs what qdot.k_few takes for four or five activation rows: below 32 rows k_few, which reads
-the weights as they lie, is the quicker (qkernels.GEMM_MIN); at 512 the panels run at about
-twice its rate.
+kernels unchanged). A whole panel's run of 32 weights is eight loads (one a row), the nibbles
+split in bytes, and an 8x8 transpose of 4-byte words in registers (24 shuffles) into eight
+steps; only the scales go one by one, and a short last panel word by word. Still, below some
+16-32 activation rows qdot.k_few, which reads the weights as they lie, is the quicker
+(qkernels.GEMM_MIN); at 512 the panels run at about twice its rate.
 
 Panel layout, per super-block u of the eight rows:
   pq:  uint8 [64 steps][8 rows][4]: row i's weights 4t..4t + 3 of the super-block (unsigned:
@@ -44,11 +45,13 @@ import numpy as np
 
 from inferno.backends.numba.dense import FAST
 from inferno.backends.numba.ilanes import (
-    bload, bsplat4, dpbusd, ffma8, fload8, fmul8, fsplat8, fstore8, fzero8, iadd, ifloat8, iload,
+    bbits, bhigh, bload, bsplat4, bstore_columns, dpbusd, ffma8, fload8, fmul8, fsplat8, fstore8, fzero8, iadd, ifloat8, iload,
     imul, izero,
 )
 from inferno.backends.numba.lanes import f16at, u32at
-from inferno.backends.numba.qdot import FOUR, NO, ONE, Q5_K_BYTES, Q6_K_BYTES, QK, TWO_ROWS, YES
+from inferno.backends.numba.qdot import (
+    FOUR, NO, ONE, Q5_K_BYTES, Q6_K_BYTES, QK, TWO_ROWS, YES, q6k_weights,
+)
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
@@ -79,15 +82,18 @@ def q4k_scale_min(f, o, g):
 
 
 @jit
-def pack_q4k_row(ub, f, o, u, i, pq32, psc, pd, pm):
+def pack_q4k_row(ub, f, o, u, i, pq32, psc, pd, pm, weights):
     """The Q4_K (ub = Q4_K_BYTES) or Q5_K super-block at byte o as super-block u of panel row i
-    (Q5_K: its nibbles after 32 bytes of fifth bits, weight l of group g's bit g of byte l)."""
+    (Q5_K: its nibbles after 32 bytes of fifth bits, weight l of group g's bit g of byte l); its
+    scales only, unless `weights`."""
     pd[P * u + i] = f16at(f, o)
     dmin = f16at(f, o + 2)
     for g in range(8):
         sc, m = q4k_scale_min(f, o + 4, g)
         psc[(8 * u + g) * P + i] = sc
         pm[(8 * u + g) * P + i] = -dmin * np.float32(m)
+    if not weights:
+        return
     qs = o + 48 if ub == Q5_K_BYTES else o + 16
     for j in range(4):  # 32 bytes: weights 64j..64j + 31 low, 64j + 32.. high
         for t in range(8):
@@ -102,15 +108,17 @@ def pack_q4k_row(ub, f, o, u, i, pq32, psc, pd, pm):
 
 
 @jit
-def pack_q6k_row(f, o, u, i, pq32, psc, pd, pm):
+def pack_q6k_row(f, o, u, i, pq32, psc, pd, pm, weights):
     """The Q6_K super-block at byte o (128 bytes of low nibbles, 64 of high bits, 16 int8
-    scales, f16 d) as super-block u of panel row i."""
+    scales, f16 d) as super-block u of panel row i; its scales only, unless `weights`."""
     d = f16at(f, o + 208)
     pd[P * u + i] = d
     for s in range(16):
         sc = np.int32(np.int8(f[o + 192 + s]))
         psc[(16 * u + s) * P + i] = sc
         pm[(16 * u + s) * P + i] = np.float32(-32.0) * d * np.float32(sc)
+    if not weights:
+        return
     for h in range(2):
         for t in range(8):
             ql0 = u32at(f, o + 64 * h + 4 * t)
@@ -121,6 +129,48 @@ def pack_q6k_row(f, o, u, i, pq32, psc, pd, pm):
             pq32[(st + 8) * P + i] = (ql1 & LO4) | (((qh >> 2) & LO2) << 4)
             pq32[(st + 16) * P + i] = ((ql0 >> 4) & LO4) | (((qh >> 4) & LO2) << 4)
             pq32[(st + 24) * P + i] = ((ql1 >> 4) & LO4) | (((qh >> 6) & LO2) << 4)
+
+
+@jit
+def pack_q4k_weights(ub, f, o, rb, u, pq):
+    """The weights of super-block u of eight whole rows (the first at byte o, rb bytes apart),
+    Q4_K or Q5_K, into the panel: each run of 32 of them for the eight rows loaded as eight
+    vectors and stored as its eight steps, transposed in registers."""
+    qs = 48 if ub == Q5_K_BYTES else 16
+    for j in range(4):
+        a = o + qs + 32 * j
+        q0, q1, q2, q3 = bload(f, a), bload(f, a + rb), bload(f, a + 2 * rb), bload(f, a + 3 * rb)
+        q4, q5, q6, q7 = bload(f, a + 4 * rb), bload(f, a + 5 * rb), bload(f, a + 6 * rb), bload(f, a + 7 * rb)
+        for half in range(2):  # low nibbles: weights 64j..; high: 64j + 32..
+            s = 4 * half
+            w0, w1, w2, w3 = bbits(q0, s, 15), bbits(q1, s, 15), bbits(q2, s, 15), bbits(q3, s, 15)
+            w4, w5, w6, w7 = bbits(q4, s, 15), bbits(q5, s, 15), bbits(q6, s, 15), bbits(q7, s, 15)
+            if ub == Q5_K_BYTES:
+                g = 2 * j + half  # the group's fifth bits: bit g of bytes 16..48
+                w0, w1 = bhigh(w0, bload(f, o + 16), g, 1), bhigh(w1, bload(f, o + rb + 16), g, 1)
+                w2, w3 = bhigh(w2, bload(f, o + 2 * rb + 16), g, 1), bhigh(w3, bload(f, o + 3 * rb + 16), g, 1)
+                w4, w5 = bhigh(w4, bload(f, o + 4 * rb + 16), g, 1), bhigh(w5, bload(f, o + 5 * rb + 16), g, 1)
+                w6, w7 = bhigh(w6, bload(f, o + 6 * rb + 16), g, 1), bhigh(w7, bload(f, o + 7 * rb + 16), g, 1)
+            bstore_columns(pq, 32 * (STEPS * u + 16 * j + 8 * half), w0, w1, w2, w3, w4, w5, w6, w7)
+
+
+@jit
+def pack_q6k_weights(f, o, rb, u, pq):
+    """As pack_q4k_weights, for Q6_K: each row's runs of 32 as qdot.q6k_weights unpacks them."""
+    for h in range(2):
+        a0, b0, c0, d0 = q6k_weights(f, o, h)
+        a1, b1, c1, d1 = q6k_weights(f, o + rb, h)
+        a2, b2, c2, d2 = q6k_weights(f, o + 2 * rb, h)
+        a3, b3, c3, d3 = q6k_weights(f, o + 3 * rb, h)
+        a4, b4, c4, d4 = q6k_weights(f, o + 4 * rb, h)
+        a5, b5, c5, d5 = q6k_weights(f, o + 5 * rb, h)
+        a6, b6, c6, d6 = q6k_weights(f, o + 6 * rb, h)
+        a7, b7, c7, d7 = q6k_weights(f, o + 7 * rb, h)
+        st = STEPS * u + 32 * h
+        bstore_columns(pq, 32 * st, a0, a1, a2, a3, a4, a5, a6, a7)
+        bstore_columns(pq, 32 * (st + 8), b0, b1, b2, b3, b4, b5, b6, b7)
+        bstore_columns(pq, 32 * (st + 16), c0, c1, c2, c3, c4, c5, c6, c7)
+        bstore_columns(pq, 32 * (st + 24), d0, d1, d2, d3, d4, d5, d6, d7)
 
 
 @jit
@@ -144,9 +194,15 @@ def pack(ub, w, p0, n, pq, psc, pd, pm):
         for u in range(units):
             o = (p0 + i) * rb + ub * u
             if ub == Q6_K_BYTES:
-                pack_q6k_row(f, o, u, i, pq32, psc, pd, pm)
+                pack_q6k_row(f, o, u, i, pq32, psc, pd, pm, n < P)
             else:
-                pack_q4k_row(ub, f, o, u, i, pq32, psc, pd, pm)
+                pack_q4k_row(ub, f, o, u, i, pq32, psc, pd, pm, n < P)
+    if n == P:  # whole panels: the weights by transposes in registers
+        for u in range(units):
+            if ub == Q6_K_BYTES:
+                pack_q6k_weights(f, p0 * rb + ub * u, rb, u, pq)
+            else:
+                pack_q4k_weights(ub, f, p0 * rb + ub * u, rb, u, pq)
 
 
 # -- two panels against activation rows ---------------------------------------------------------------

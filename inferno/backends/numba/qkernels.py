@@ -69,8 +69,8 @@ F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = map(int, WeightKind)
 
 # Activation rows per call up to which `few_rows` beats dequantised tiles + sgemm.
 FEW_MAX = 16
-# Activation rows from which qgemm's panels beat qdot.k_few: packing them costs what k_few takes
-# for four or five rows (bench/RESULTS.md, "K-quant prefill on packed panels").
+# Activation rows from which qgemm's panels beat qdot.k_few, packing included, for every K-quant
+# with and without remainder rows (bench/RESULTS.md, "K-quant prefill on packed panels").
 GEMM_MIN = 32
 
 
