@@ -163,8 +163,8 @@ def test_int8_gemm_without_vnni(backend, tmp_path):
 
 @pytest.mark.backends("simd")
 def test_int8_gemm_writes_only_its_rows(backend):
-    """A row range that starts and ends inside panels (the pool splits rows by eights, a
-    linear_many piece anywhere): the rows outside it are left alone."""
+    """A row range that starts and ends inside panels (the pool splits rows by sixteens, but a
+    caller may pass any range): the rows outside it are left alone."""
     from inferno.backends.numba import qdot, qgemm
     w = random_blocks("Q4_K", 40, 512, seed=3, readonly=True)
     x = np.random.default_rng(1).standard_normal((9, 512), dtype=np.float32)

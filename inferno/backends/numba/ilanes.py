@@ -324,11 +324,15 @@ def wpair(typingctx, v, i):
 
 
 @intrinsic
-def wfloat(typingctx, v):
-    """The 16 int16 lanes as float32."""
+def ifloat(typingctx, v):
+    """The integer lanes as float32: 16 int16 (a f32x16) or 8 int32 (a f32x8)."""
+    result = {i16x16: f32x16, i32x8: f32x8}.get(v)
+    if result is None:
+        return None
+
     def codegen(context, builder, sig, args):
-        return builder.sitofp(args[0], _VF)
-    return f32x16(i16x16), codegen
+        return builder.sitofp(args[0], context.get_value_type(sig.return_type))
+    return result(v), codegen
 
 
 # -- float sums ----------------------------------------------------------------------------------------
@@ -394,15 +398,6 @@ def fmul8(typingctx, a, b):
     return f32x8(f32x8, f32x8), codegen
 
 
-@intrinsic
-def ifloat8(typingctx, v):
-    """The 8 int32 lanes as float32."""
-    def codegen(context, builder, sig, args):
-        return builder.sitofp(args[0], _F8)
-    return f32x8(i32x8), codegen
-
-
-# -- quantizing activations ----------------------------------------------------------------------------
 @intrinsic
 def vamax(typingctx, v):
     """The largest |lane| of a f32x16."""

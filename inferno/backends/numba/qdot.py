@@ -50,8 +50,8 @@ import numba as nb
 import numpy as np
 
 from inferno.backends.numba.ilanes import (
-    bbits, bhigh, bload, fsum8, fzero8, iadd, ifma, izero, kscales, maddubs, maddwd, vamax, vrint,
-    vstore_i8, wbytes, wfloat, wpair, wsplat,
+    bbits, bhigh, bload, fsum8, fzero8, iadd, ifloat, ifma, izero, kscales, maddubs, maddwd, vamax,
+    vrint, vstore_i8, wbytes, wpair, wsplat,
 )
 from inferno.backends.numba.dense import FAST
 from inferno.backends.numba.lanes import (
@@ -150,7 +150,7 @@ def q4k_unit(ub, f, o, x8, r8, dx, dr, s16, b, u, two, acc, macc):
     n = x8.shape[1]
     sc = kscales(f, o + 4)  # [8 scales, 8 mins]
     sums = vpairs_hi(vload(s16, b * (n // 16) + 16 * u))  # per 32, in the mins' lanes
-    macc = vfma(vmul(wfloat(sc), vsplat(-f16at(f, o + 2))), sums, macc)
+    macc = vfma(vmul(ifloat(sc), vsplat(-f16at(f, o + 2))), sums, macc)
     s, t = izero(), izero()
     xo = b * n + QK * u
     for j in range(4):
@@ -196,7 +196,7 @@ def q6k_unit(f, o, x8, r8, dx, dr, s16, b, u, two, acc, macc):
     n = x8.shape[1]
     sc = wbytes(f, o + 192, True)  # 16 int8 scales
     d = f16at(f, o + 208)
-    macc = vfma(vmul(wfloat(sc), vsplat(np.float32(-32.0) * d)), vload(s16, b * (n // 16) + 16 * u), macc)
+    macc = vfma(vmul(ifloat(sc), vsplat(np.float32(-32.0) * d)), vload(s16, b * (n // 16) + 16 * u), macc)
     s, t = izero(), izero()
     xo = b * n + QK * u
     for h in range(2):

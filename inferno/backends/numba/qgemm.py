@@ -20,9 +20,9 @@ L1/L2 while every activation row goes by, as a BLAS packs its panels: the weight
 the file has them (nothing beside them for the process's life, no load-time work, decode's
 kernels unchanged). A whole panel's run of 32 weights is eight loads (one a row), the nibbles
 split in bytes, and an 8x8 transpose of 4-byte words in registers (24 shuffles) into eight
-steps; only the scales go one by one, and a short last panel word by word. Still, below some
-16-32 activation rows qdot.k_few, which reads the weights as they lie, is the quicker
-(qkernels.GEMM_MIN); at 512 the panels run at about twice its rate.
+steps; a short last panel goes the same way from a zero-padded copy of its rows, and only the
+scales go one by one. Still, below some 16-32 activation rows qdot.k_few, which reads the
+weights as they lie, is the quicker (qkernels.GEMM_MIN); at 512 the panels run at about twice its rate.
 
 Panel layout, per super-block u of the eight rows:
   pq:  uint8 [64 steps][8 rows][4]: row i's weights 4t..4t + 3 of the super-block (unsigned:
@@ -45,10 +45,10 @@ import numpy as np
 
 from inferno.backends.numba.dense import FAST
 from inferno.backends.numba.ilanes import (
-    bbits, bhigh, bload, bsplat4, bstore_columns, dpbusd, ffma8, fload8, fmul8, fsplat8, fstore8, fzero8, iadd, ifloat8, iload,
-    imul, izero,
+    bbits, bhigh, bload, bsplat4, bstore_columns, dpbusd, ffma8, fload8, fmul8, fsplat8, fstore8,
+    fzero8, iadd, ifloat, iload, imul, izero,
 )
-from inferno.backends.numba.lanes import f16at, u32at
+from inferno.backends.numba.lanes import f16at
 from inferno.backends.numba.qdot import (
     FOUR, NO, ONE, Q5_K_BYTES, Q6_K_BYTES, QK, TWO_ROWS, YES, q6k_weights,
 )
@@ -59,7 +59,6 @@ inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 P = 8  # weight rows per panel: one int32 lane each
 STEPS = QK // 4  # dpbusd steps per super-block
 RUNS = QK // 16  # runs of 16 activations per super-block (qdot's sums)
-LO4, LO2, LO1 = 0x0F0F0F0F, 0x03030303, 0x01010101
 
 
 @jit
@@ -82,53 +81,26 @@ def q4k_scale_min(f, o, g):
 
 
 @jit
-def pack_q4k_row(ub, f, o, u, i, pq32, psc, pd, pm, weights):
-    """The Q4_K (ub = Q4_K_BYTES) or Q5_K super-block at byte o as super-block u of panel row i
-    (Q5_K: its nibbles after 32 bytes of fifth bits, weight l of group g's bit g of byte l); its
-    scales only, unless `weights`."""
+def pack_q4k_scales(f, o, u, i, psc, pd, pm):
+    """The scales of the Q4_K or Q5_K super-block at byte o as super-block u of panel row i."""
     pd[P * u + i] = f16at(f, o)
     dmin = f16at(f, o + 2)
     for g in range(8):
         sc, m = q4k_scale_min(f, o + 4, g)
         psc[(8 * u + g) * P + i] = sc
         pm[(8 * u + g) * P + i] = -dmin * np.float32(m)
-    if not weights:
-        return
-    qs = o + 48 if ub == Q5_K_BYTES else o + 16
-    for j in range(4):  # 32 bytes: weights 64j..64j + 31 low, 64j + 32.. high
-        for t in range(8):
-            word = u32at(f, qs + 32 * j + 4 * t)
-            lo, hi = word & LO4, (word >> 4) & LO4
-            if ub == Q5_K_BYTES:
-                fifth = u32at(f, o + 16 + 4 * t)
-                lo |= ((fifth >> (2 * j)) & LO1) << 4
-                hi |= ((fifth >> (2 * j + 1)) & LO1) << 4
-            pq32[(STEPS * u + 16 * j + t) * P + i] = lo
-            pq32[(STEPS * u + 16 * j + 8 + t) * P + i] = hi
 
 
 @jit
-def pack_q6k_row(f, o, u, i, pq32, psc, pd, pm, weights):
-    """The Q6_K super-block at byte o (128 bytes of low nibbles, 64 of high bits, 16 int8
-    scales, f16 d) as super-block u of panel row i; its scales only, unless `weights`."""
+def pack_q6k_scales(f, o, u, i, psc, pd, pm):
+    """The scales of the Q6_K super-block at byte o (128 bytes of low nibbles, 64 of high bits,
+    16 int8 scales, f16 d) as super-block u of panel row i."""
     d = f16at(f, o + 208)
     pd[P * u + i] = d
     for s in range(16):
         sc = np.int32(np.int8(f[o + 192 + s]))
         psc[(16 * u + s) * P + i] = sc
         pm[(16 * u + s) * P + i] = np.float32(-32.0) * d * np.float32(sc)
-    if not weights:
-        return
-    for h in range(2):
-        for t in range(8):
-            ql0 = u32at(f, o + 64 * h + 4 * t)
-            ql1 = u32at(f, o + 64 * h + 32 + 4 * t)
-            qh = u32at(f, o + 128 + 32 * h + 4 * t)
-            st = STEPS * u + 32 * h + t
-            pq32[st * P + i] = (ql0 & LO4) | ((qh & LO2) << 4)
-            pq32[(st + 8) * P + i] = (ql1 & LO4) | (((qh >> 2) & LO2) << 4)
-            pq32[(st + 16) * P + i] = ((ql0 >> 4) & LO4) | (((qh >> 4) & LO2) << 4)
-            pq32[(st + 24) * P + i] = ((ql1 >> 4) & LO4) | (((qh >> 6) & LO2) << 4)
 
 
 @jit
@@ -174,35 +146,34 @@ def pack_q6k_weights(f, o, rb, u, pq):
 
 
 @jit
-def pack(ub, w, p0, n, pq, psc, pd, pm):
-    """Rows p0..p0 + n (n <= 8) of w, of Q4_K, Q5_K or Q6_K (ub its bytes), as one panel; the rows
-    past n are zeros, their lanes computed and dropped."""
+def pack_rows(ub, f, o, rb, pq, psc, pd, pm):
+    """The eight rows of f at bytes o, o + rb, .. (Q4_K, Q5_K or Q6_K; ub its bytes) as one
+    panel."""
+    for u in range(rb // ub):
+        for i in range(P):
+            if ub == Q6_K_BYTES:
+                pack_q6k_scales(f, o + i * rb + ub * u, u, i, psc, pd, pm)
+            else:
+                pack_q4k_scales(f, o + i * rb + ub * u, u, i, psc, pd, pm)
+        if ub == Q6_K_BYTES:
+            pack_q6k_weights(f, o + ub * u, rb, u, pq)
+        else:
+            pack_q4k_weights(ub, f, o + ub * u, rb, u, pq)
+
+
+@jit
+def pack(ub, w, p0, n, pq, psc, pd, pm, pad):
+    """Rows p0..p0 + n (n <= 8) of w as one panel. A short one goes through `pad` (eight rows of
+    scratch) with zero bytes past its rows: their weights, scales and d are all zero, so their
+    lanes are computed and dropped."""
     f = w.reshape(-1)
     rb = w.shape[1]
-    units = rb // ub
-    pq32 = pq.view(np.uint32)
-    for i in range(P):
-        if i >= n:
-            for u in range(units):
-                pd[P * u + i] = 0.0
-                for s in range(RUNS):
-                    psc[(RUNS * u + s) * P + i] = 0
-                    pm[(RUNS * u + s) * P + i] = 0.0
-                for t in range(STEPS):
-                    pq32[(STEPS * u + t) * P + i] = 0
-            continue
-        for u in range(units):
-            o = (p0 + i) * rb + ub * u
-            if ub == Q6_K_BYTES:
-                pack_q6k_row(f, o, u, i, pq32, psc, pd, pm, n < P)
-            else:
-                pack_q4k_row(ub, f, o, u, i, pq32, psc, pd, pm, n < P)
-    if n == P:  # whole panels: the weights by transposes in registers
-        for u in range(units):
-            if ub == Q6_K_BYTES:
-                pack_q6k_weights(f, p0 * rb + ub * u, rb, u, pq)
-            else:
-                pack_q4k_weights(ub, f, p0 * rb + ub * u, rb, u, pq)
+    if n == P:
+        pack_rows(ub, f, p0 * rb, rb, pq, psc, pd, pm)
+    else:
+        pad[:] = 0
+        pad[:n * rb] = f[p0 * rb:(p0 + n) * rb]
+        pack_rows(ub, pad, 0, rb, pq, psc, pd, pm)
 
 
 # -- two panels against activation rows ---------------------------------------------------------------
@@ -240,11 +211,11 @@ def offset(f, ma, mb, xsum):
 @inline
 def unit_end(f, s, da, db, dxs, drs, two):
     """f + a super-block's scaled sums times d and the activations' scales."""
-    fa = ffma8(ifloat8(s[0]), fmul8(da, fsplat8(dxs)), f[0])
-    fb = ffma8(ifloat8(s[1]), fmul8(db, fsplat8(dxs)), f[1])
+    fa = ffma8(ifloat(s[0]), fmul8(da, fsplat8(dxs)), f[0])
+    fb = ffma8(ifloat(s[1]), fmul8(db, fsplat8(dxs)), f[1])
     if two:
-        fa = ffma8(ifloat8(s[2]), fmul8(da, fsplat8(drs)), fa)
-        fb = ffma8(ifloat8(s[3]), fmul8(db, fsplat8(drs)), fb)
+        fa = ffma8(ifloat(s[2]), fmul8(da, fsplat8(drs)), fa)
+        fb = ffma8(ifloat(s[3]), fmul8(db, fsplat8(drs)), fb)
     return fa, fb
 
 
@@ -332,10 +303,11 @@ def k_gemm(ub, w, x8, r8, dx, dr, s16, out, r0, r1):
     two = dr.shape[0] > 0
     units = w.shape[1] // ub
     pa, pb = buffers(units), buffers(units)
+    pad = np.empty(P * w.shape[1], np.uint8)
     for p0 in range(r0, r1, 2 * P):
         n = min(2 * P, r1 - p0)
-        pack(ub, w, p0, min(P, n), pa[0], pa[1], pa[2], pa[3])
-        pack(ub, w, p0 + P, max(n - P, 0), pb[0], pb[1], pb[2], pb[3])
+        pack(ub, w, p0, min(P, n), pa[0], pa[1], pa[2], pa[3], pad)
+        pack(ub, w, p0 + P, max(n - P, 0), pb[0], pb[1], pb[2], pb[3], pad)
         b = 0
         while b + 4 <= B and not two:
             _pass(ub, FOUR, two, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n)

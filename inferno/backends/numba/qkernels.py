@@ -18,7 +18,7 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   (qdot.k_few);
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
   the K-quants with int8 activations take 32 activation rows or more through qgemm.k_gemm
-  instead (panels of eight weight rows against four activation rows per vpdpbusd pass), and
+  instead (two panels of eight weight rows against four activation rows per vpdpbusd step), and
   fewer through qdot.k_few. The integers summed are the same in all three (k_rows, k_few,
   k_gemm); only the float32 order of adding them up differs. Decode, a batch and a prefill then
   compute a row the same way: a sequence's logits do not depend on how its tokens were grouped
