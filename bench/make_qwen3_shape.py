@@ -3,9 +3,12 @@
     python bench/make_qwen3_shape.py                                # 0.6B, bf16 folder
     python bench/make_qwen3_shape.py --size 1.7b --type q4_k_m      # a GGUF, as llama.cpp users have
     python bench/make_qwen3_shape.py --size 8b --type q4_k_m        # 4.7 GB; 16 GB of f16 on the way
+    python bench/make_qwen3_shape.py --moe 30b-a3b --type q4_k_m    # 17 GiB; 57 GiB of f16 on the way
+    python bench/make_qwen3_shape.py --moe 30b-a3b --layers 8 --type q4_k_m   # the same, 8 layers
 
 Qwen3-0.6B, 1.7B and 8B geometries (layers, heads, hidden, intermediate, vocab 151936, tying,
-q/k norms). `--type bf16` writes a safetensors folder as the releases are; f16, q8_0 and q4_k_m
+q/k norms); `--moe 30b-a3b` is Qwen3-30B-A3B's mixture of experts (48 layers of 128 experts of
+768, 8 a token), and `--layers N` keeps N layers of any shape for quicker runs. `--type bf16` writes a safetensors folder as the releases are; f16, q8_0 and q4_k_m
 write a GGUF: f16 streamed tensor by tensor, then requantised by llama.cpp's own quantizer
 (bench/quantize.py), so the file has the same per-tensor type mix a user's Q4_K_M has. Weights are
 N(0, 0.02), norms 1: the speed of every op is the real model's; the text it writes is noise. The
@@ -38,6 +41,14 @@ SIZES = {
     "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                num_attention_heads=32, tie_word_embeddings=False),
 }
+# Mixtures of experts (Qwen3-30B-A3B's config.json): experts stacked per layer as GGUF keeps them.
+MOE = {
+    "30b-a3b": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
+                    intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+                    num_key_value_heads=4, tie_word_embeddings=False, num_experts=128,
+                    num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+                    decoder_sparse_step=1, mlp_only_layers=[]),
+}
 TYPES = ("bf16", "f16", "q8_0", "q4_k_m")
 BENCH_DIR = Path("~/.cache/inferno/bench").expanduser()
 
@@ -45,8 +56,8 @@ BENCH_DIR = Path("~/.cache/inferno/bench").expanduser()
 DEFAULT_OUT = BENCH_DIR / "qwen3-0.6b-shape"  # the 0.6B bf16 folder, as bench/attention.py reads
 
 
-def default_out(size: str, qtype: str) -> Path:
-    name = f"qwen3-{size}-shape"
+def default_out(size: str, qtype: str, layers: int | None = None) -> Path:
+    name = f"qwen3-{size}-shape" + (f"-{layers}l" if layers else "")
     return BENCH_DIR / (name if qtype == "bf16" else f"{name}.{qtype.upper()}.gguf")
 
 
@@ -63,10 +74,29 @@ def tensor_shapes(c: dict) -> dict[str, tuple[int, ...]]:
             p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
             p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
             p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
         })
+        if c.get("num_experts"):  # stacked [n_expert, out, in], and the router
+            n, e = c["num_experts"], c["moe_intermediate_size"]
+            shapes.update({p + "mlp.gate.weight": (n, h), p + "mlp.experts.gate_proj.weight": (n, e, h),
+                           p + "mlp.experts.up_proj.weight": (n, e, h),
+                           p + "mlp.experts.down_proj.weight": (n, h, e)})
+        else:
+            shapes.update({p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                           p + "mlp.down_proj.weight": (h, i)})
     return shapes
+
+
+# Stacked experts' GGUF names (gguf's name map has one per expert, not the stacks).
+EXPERT_GGUF = {"mlp.gate.weight": "ffn_gate_inp.weight", "mlp.experts.gate_proj.weight": "ffn_gate_exps.weight",
+               "mlp.experts.up_proj.weight": "ffn_up_exps.weight",
+               "mlp.experts.down_proj.weight": "ffn_down_exps.weight"}
+
+
+def gguf_name(names, name: str) -> str:
+    for hf, gg in EXPERT_GGUF.items():
+        if name.endswith(hf):
+            return f"blk.{name.split('.')[2]}.{gg}"
+    return names.get_name(name, try_suffixes=(".weight",))
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:
@@ -107,7 +137,8 @@ def write_gguf_f16(path: Path, config: dict, shapes: dict, seed: int) -> None:
     import gguf
 
     c = config
-    w = gguf.GGUFWriter(str(path), "qwen3")
+    moe = bool(c.get("num_experts"))
+    w = gguf.GGUFWriter(str(path), "qwen3moe" if moe else "qwen3")
     w.add_block_count(c["num_hidden_layers"])
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
@@ -118,6 +149,10 @@ def write_gguf_f16(path: Path, config: dict, shapes: dict, seed: int) -> None:
     w.add_value_length(c["head_dim"])
     w.add_rope_freq_base(c["rope_theta"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    if moe:
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     merges = ["Ġ t", "Ġ a", "i n", "h e"]  # llama.cpp wants some; any will do
     byte_tokens = [chr(b) for b in gguf_byte_alphabet()] + [m.replace(" ", "") for m in merges]
@@ -131,15 +166,17 @@ def write_gguf_f16(path: Path, config: dict, shapes: dict, seed: int) -> None:
     w.add_eos_token_id(len(tokens) - 1)
     w.add_bos_token_id(len(tokens) - 2)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, c["num_hidden_layers"])
-    gguf_names = {n: names.get_name(n, try_suffixes=(".weight",)) for n in shapes}
+    gguf_names = {n: gguf_name(names, n) for n in shapes}
     for name, shape in shapes.items():
-        dtype = np.float32 if len(shape) == 1 else np.float16
+        # llama.cpp keeps norms and routers in float32 (its quantizer leaves them so)
+        dtype = np.float32 if len(shape) == 1 or name.endswith("mlp.gate.weight") else np.float16
         w.add_tensor_info(gguf_names[name], shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for name, values in random_tensors(shapes, seed):
-        w.write_tensor_data(values if values.ndim == 1 else values.astype(np.float16))
+        w.write_tensor_data(values if values.ndim == 1 or name.endswith("mlp.gate.weight")
+                            else values.astype(np.float16))
     w.close()
 
 
@@ -165,17 +202,28 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--size", default="0.6b", choices=list(SIZES))
+    p.add_argument("--moe", choices=list(MOE), default=None,
+                   help="a mixture-of-experts shape instead of --size (GGUF types only)")
+    p.add_argument("--layers", type=int, default=None, help="keep this many layers (default: the shape's)")
     p.add_argument("--type", default="bf16", choices=TYPES,
                    help="bf16: a safetensors folder; the others a GGUF file")
     p.add_argument("--out", type=Path, default=None,
                    help=f"where to write (default: {BENCH_DIR}/qwen3-SIZE-shape[.TYPE.gguf])")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    config = {**CONFIG, **SIZES[args.size]}
-    out = (args.out or default_out(args.size, args.type)).expanduser()
+    config = {**CONFIG, **(MOE[args.moe] if args.moe else SIZES[args.size])}
+    if args.moe and args.type == "bf16":
+        p.error("--moe writes a GGUF: choose --type f16, q8_0 or q4_k_m")
+    if args.layers is not None:
+        if not 1 <= args.layers <= config["num_hidden_layers"]:
+            p.error(f"--layers must be between 1 and {config['num_hidden_layers']}")
+        config["num_hidden_layers"] = args.layers
+    out = (args.out or default_out(args.moe or args.size, args.type, args.layers)).expanduser()
     t0 = time.perf_counter()
     shapes = tensor_shapes(config)
     params = sum(int(np.prod(s)) for s in shapes.values())
+    if args.moe:
+        print(f"{params / 1e9:.1f} B parameters: about {params * 2 / 2**30:.0f} GiB of f16 on the way")
     if args.type == "bf16":
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(config, indent=2))

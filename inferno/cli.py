@@ -205,7 +205,8 @@ def load_engine(args, trace: bool = False):
     engine = load(args.model, backend=args.backend, flash=args.flash == "on", trace=trace,
                   cache_type=args.cache_type, ctx_size=args.ctx_size, weights=args.weights,
                   **backend_options(args))
-    print(f"load: {engine.load_s:.2f} s ({engine.source}, {engine.backend} backend)", file=sys.stderr)
+    print(f"load: {engine.load_s:.2f} s ({engine.source}, {engine.backend} backend{engine.size_note})",
+          file=sys.stderr)
     given = {f: getattr(args, f) for f in SAMPLING_FIELDS}
     print(f"sampling: {as_flags(engine.sampling.describe(given), SAMPLING_FIELDS)}", file=sys.stderr)
     return engine

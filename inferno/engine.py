@@ -117,11 +117,21 @@ class Engine:
                                   cache_type=self.cache_type)
         checkpoint.tensors.clear()  # the backend holds the weights now
         self.weight_bytes_per_token = self.model.weight_bytes_per_token()
+        self.parameters, self.active_parameters = self.model.parameters()
         if warm_up:
             self._warm_up()
         # The tracer goes on after the warm-up, so its histogram holds only the user's calls.
         self.ops = self.model.ops = TracingBackend(ops) if trace else ops
         self.load_s = load_s + time.perf_counter() - t0
+
+    @property
+    def size_note(self) -> str:
+        """For the load line: a mixture of experts' parameters, all and active a token."""
+        moe = self.config.experts
+        if moe is None:
+            return ""
+        return (f"; {_count(self.parameters)} parameters, {_count(self.active_parameters)} active a "
+                f"token ({moe.top_k} of {moe.count} experts)")
 
     # -- public API -----------------------------------------------------------------------------
     def logits(self, token_ids, *, cached: bool = False) -> np.ndarray:
@@ -341,6 +351,14 @@ class Engine:
 
 EMPTY_PROMPT = "the prompt is empty: give some text"
 DEFAULT_MAX_TOKENS = 256  # a reply's length when max_tokens is not given and the context allows
+
+
+def _count(n: int) -> str:
+    """A parameter count as model cards write it: 30.5B, 135M, 12K."""
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
 
 
 def weight_type(checkpoint: Checkpoint) -> str:

@@ -9,12 +9,10 @@ from collections import Counter
 import numpy as np
 import pytest
 from tiny import CORPUS, make_model
-from tiny_gguf import T, mixed_types, permute, write_gguf
+from tiny_gguf import T, dequantised_engine, mixed_types, permute, write_gguf
 
 import inferno
-from inferno.backends import create_backend
 from inferno.formats.quant import QTYPES, QuantTensor
-from inferno.engine import Engine
 from inferno.errors import InfernoError
 from inferno.model.gguf import tensor, unpermute_qk
 from inferno.model.gguf_file import read_gguf
@@ -60,15 +58,6 @@ def test_f32_gguf_is_the_same_model_as_its_folder(folder, tmp_path):
 
     # Same float32 weights, same forward pass: the logits agree to float rounding.
     np.testing.assert_allclose(got.logits(prompt), ref.logits(prompt), rtol=0, atol=1e-5)
-
-
-def dequantised_engine(path) -> Engine:
-    """The reference path for a quantised file: every QuantTensor dequantised by the reference
-    (QuantTensor.dequantize), then the float32 model on the cpu backend."""
-    checkpoint = open_checkpoint(path)
-    checkpoint.tensors = {k: w.dequantize() if isinstance(w, QuantTensor) else w
-                          for k, w in checkpoint.tensors.items()}
-    return Engine(checkpoint, create_backend("cpu"))
 
 
 @pytest.mark.parametrize("name", ["llama_dir", "qwen3_hd128_dir"])

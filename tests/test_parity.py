@@ -1,5 +1,5 @@
-"""Whole-model parity: our logits against transformers' Qwen3ForCausalLM / LlamaForCausalLM on
-tiny random models, on every backend; cached decode against the uncached forward; greedy
+"""Whole-model parity: our logits against transformers' Qwen3ForCausalLM / LlamaForCausalLM (and
+the other families, mixtures of experts among them) on tiny random models, on every backend; cached decode against the uncached forward; greedy
 generation identical across backends."""
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ GEMMA3_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
 # name -> make_model arguments. Between them: Qwen3, Llama, Qwen2 and Gemma 3; tied and untied;
 # head_dim unlike hidden/heads; GQA groups 1, 2, 3 and 4 with odd head counts; float32 and
 # bfloat16 files; Llama 3.1 RoPE scaling; q/k/v biases; Gemma's local and global layers mixed with
-# a window (24) smaller than the test sequence.
+# a window (24) smaller than the test sequence; mixtures of experts: Qwen3-MoE with a dense layer
+# between sparse ones (renormalised top-k) and with experts every second layer (bfloat16, not
+# renormalised), Mixtral.
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 MODELS = {
     "qwen3-untied-hd24-gqa2-f32": dict(arch="qwen3", hidden=64, heads=4, kv_heads=2, head_dim=24),
     "qwen3-tied-gqa1-bf16": dict(arch="qwen3", hidden=64, heads=4, kv_heads=4, tied=True, dtype="bfloat16"),
@@ -36,6 +39,12 @@ MODELS = {
         arch="gemma3", hidden=64, heads=4, kv_heads=1, head_dim=40, layers=3, tied=True,
         sliding_window=24, query_pre_attn_scalar=32, rope_parameters=GEMMA3_ROPE,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    "qwen3moe-dense-between-f32": dict(arch="qwen3_moe", hidden=64, heads=4, kv_heads=2, head_dim=16,
+                                       layers=3, mlp_only_layers=[1], norm_topk_prob=True, **MOE),
+    "qwen3moe-step2-bf16": dict(arch="qwen3_moe", hidden=64, heads=4, kv_heads=2, layers=4,
+                                decoder_sparse_step=2, norm_topk_prob=False, dtype="bfloat16", **MOE),
+    "mixtral-f32": dict(arch="mixtral", hidden=64, heads=4, kv_heads=2, intermediate=32,
+                        num_local_experts=4, num_experts_per_tok=2),
 }
 
 

@@ -58,9 +58,11 @@ def make_model(folder: Path, arch: str = "qwen3", *, hidden: int = 64, layers: i
                heads: int = 4, kv_heads: int = 2, head_dim: int | None = None,
                intermediate: int = 96, tied: bool = False, dtype: str = "float32",
                max_positions: int = 512, rope_theta: float = 10000.0, seed: int = 0,
-               bos: bool = False, **extra) -> Path:
-    """A random model of `arch` (qwen3, llama, qwen2, gemma3) saved into `folder`, with a
-    tokenizer; `extra` goes to the transformers config as is (rope_scaling, sliding_window...)."""
+               bos: bool = False, init_std: float = 0.15, **extra) -> Path:
+    """A random model of `arch` (qwen3, llama, qwen2, gemma3; qwen3_moe and mixtral, whose
+    experts `extra` sizes: num_experts / num_local_experts, num_experts_per_tok...) saved into
+    `folder`, with a tokenizer; `extra` goes to the transformers config as is (rope_scaling,
+    sliding_window...)."""
     import torch
     import transformers
 
@@ -82,16 +84,18 @@ def make_model(folder: Path, arch: str = "qwen3", *, hidden: int = 64, layers: i
         "llama": ("LlamaConfig", "LlamaForCausalLM"),
         "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
         "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     }[arch]
     config = getattr(transformers, config_cls)(**common, **extra)
     model = getattr(transformers, model_cls)(config)
-    # Random init is N(0, 0.02): widen it so logits differ by more than float noise, and give
-    # the norms non-unit weights so a missing norm would show.
+    # Random init is N(0, 0.02): widen it (init_std) so logits differ by more than float noise,
+    # and give the norms non-unit weights so a missing norm would show.
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
-                p.normal_(0.0, 0.15)
+                p.normal_(0.0, init_std)
     model.to(getattr(torch, dtype)).save_pretrained(folder)
     return folder

@@ -6,6 +6,7 @@ table), llama q/k rows permuted for llama.cpp's RoPE, tokens padded to the vocab
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -13,13 +14,49 @@ import gguf
 import numpy as np
 
 ARCHS = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen3": gguf.MODEL_ARCH.QWEN3,
-         "qwen2": gguf.MODEL_ARCH.QWEN2, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+         "qwen2": gguf.MODEL_ARCH.QWEN2, "gemma3": gguf.MODEL_ARCH.GEMMA3,
+         "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}
 
 
 def hf_arch_of(cfg: dict) -> str:
     first = cfg["architectures"][0]
-    return next(a for p, a in (("Llama", "llama"), ("Qwen2", "qwen2"), ("Gemma3", "gemma3"),
-                               ("Qwen3", "qwen3")) if first.startswith(p))
+    return next(a for p, a in (("Llama", "llama"), ("Mixtral", "llama"), ("Qwen2", "qwen2"),
+                               ("Gemma3", "gemma3"), ("Qwen3Moe", "qwen3moe"), ("Qwen3", "qwen3"))
+                if first.startswith(p))
+
+
+# A folder's expert tensors, as the converter stacks them: (pattern, GGUF name of the stack).
+EXPERT_NAMES = [
+    (re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.gate\.weight"), "blk.{i}.ffn_gate_inp.weight"),
+    (re.compile(r"model\.layers\.(\d+)\.(?:mlp\.experts\.(\d+)\.gate_proj|block_sparse_moe\.experts\.(\d+)\.w1)\.weight"),
+     "blk.{i}.ffn_gate_exps.weight"),
+    (re.compile(r"model\.layers\.(\d+)\.(?:mlp\.experts\.(\d+)\.up_proj|block_sparse_moe\.experts\.(\d+)\.w3)\.weight"),
+     "blk.{i}.ffn_up_exps.weight"),
+    (re.compile(r"model\.layers\.(\d+)\.(?:mlp\.experts\.(\d+)\.down_proj|block_sparse_moe\.experts\.(\d+)\.w2)\.weight"),
+     "blk.{i}.ffn_down_exps.weight"),
+]
+
+
+def stack_experts(tensors: dict) -> dict:
+    """The folder's tensors with each layer's experts stacked, [n_expert, out, in], under their
+    GGUF names (the router too); everything else as it was."""
+    out, stacks = {}, {}
+    for name, t in tensors.items():
+        for pattern, gguf_name in EXPERT_NAMES:
+            m = pattern.fullmatch(name)
+            if m:
+                expert = next((int(g) for g in m.groups()[1:] if g is not None), None)
+                key = gguf_name.format(i=m.group(1))
+                if expert is None:
+                    out[key] = t
+                else:
+                    stacks.setdefault(key, {})[expert] = t
+                break
+        else:
+            out[name] = t
+    for key, by_expert in stacks.items():
+        out[key] = np.stack([by_expert[e] for e in sorted(by_expert)])
+    return out
 
 
 def llama3_rope_factors(cfg: dict, head_dim: int) -> np.ndarray:
@@ -88,14 +125,25 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
     w.add_rope_freq_base(cfg.get("rope_theta") or rope.get("full_attention", rope)["rope_theta"])
     if hf_arch == "gemma3":
         w.add_sliding_window(cfg["sliding_window"])
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if cfg.get("moe_intermediate_size"):
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     _add_tokenizer(w, folder, cfg["vocab_size"], pre)
 
     names = gguf.get_tensor_name_map(ARCHS[hf_arch], n_layers)
-    tensors = load_file(str(folder / "model.safetensors"))
+    # gguf's qwen3moe table has no dense MLP (llama.cpp's qwen3moe has experts in every layer);
+    # a dense layer between sparse ones takes qwen3's names, which inferno reads in either.
+    dense = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, n_layers)
+    tensors = stack_experts(load_file(str(folder / "model.safetensors")))
     for i, (hf_name, t) in enumerate(sorted(tensors.items())):
         t = t.astype(np.float32)
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        name = hf_name if hf_name.startswith("blk.") else (
+            names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            or dense.get_name(hf_name, try_suffixes=(".weight", ".bias")))
         if hf_arch == "gemma3" and name.endswith("norm.weight"):
             t = t + np.float32(1.0)  # the converter stores Gemma's norms as 1 + w
         if hf_arch == "llama" and name.endswith("attn_q.weight"):
@@ -110,6 +158,12 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
         elif qtype in (T.Q8_1, T.Q8_K, T.I32):  # types gguf cannot quantise: zero bytes
             w.add_tensor(name, np.zeros(gguf.quant_shape_to_byte_shape(t.shape, qtype), np.uint8),
                          raw_dtype=qtype)
+        elif qtype in (T.Q4_K, T.Q5_K, T.Q6_K):  # nor these: random blocks (qblocks.py), not t
+            from qblocks import random_blocks
+
+            rows = int(np.prod(t.shape[:-1]))
+            blocks = random_blocks(qtype.name, rows, t.shape[-1], seed=i, extremes=False).data
+            w.add_tensor(name, blocks.reshape(gguf.quant_shape_to_byte_shape(t.shape, qtype)), raw_dtype=qtype)
         else:
             w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
 
@@ -122,6 +176,20 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def dequantised_engine(path):
+    """The reference path for a quantised file: every QuantTensor dequantised by the reference
+    (QuantTensor.dequantize), then the float32 model on the cpu backend."""
+    from inferno.backends import create_backend
+    from inferno.engine import Engine
+    from inferno.formats.quant import QuantTensor
+    from inferno.model.loader import open_checkpoint
+
+    checkpoint = open_checkpoint(path)
+    checkpoint.tensors = {k: w.dequantize() if isinstance(w, QuantTensor) else w
+                          for k, w in checkpoint.tensors.items()}
+    return Engine(checkpoint, create_backend("cpu"))
 
 
 def _add_tokenizer(w, folder: Path, vocab_size: int, pre: str) -> None:

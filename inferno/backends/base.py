@@ -34,7 +34,7 @@ OPS = (
     "silu_mul", "gelu_mul", "add", "softmax_rows", "scale", "transpose_2d",
     "fill_strict_upper_tri", "copy_2d_from_cols", "copy_2d_into_cols", "rows", "take_rows", "write_rows",
     "write_kv", "write_kv_rows", "read_kv", "copy_kv", "flash_attention_prefill", "materialized_attention",
-    "decode_attention",
+    "decode_attention", "moe",
 )
 
 # KV cache element types (`--cache-type`): what one layer's K or V buffer stores.
@@ -205,6 +205,28 @@ class Backend:
         """dst[start:start + len(src)] = src, in place (a batch's attention rows assembled)."""
         dst[start:start + src.shape[0]] = src
 
+    def moe(self, x, router, experts, top_k: int, norm_topk: bool):
+        """A mixture-of-experts SwiGLU MLP over x [rows, hidden]. `router` [n_expert, hidden] scores
+        the experts; each row takes the top_k by softmax over all of them (renormalised over the
+        chosen with `norm_topk`), and its output is the sum, in the order of that ranking, of each
+        chosen expert's down(silu(gate x) * up x) times its weight. `experts` is (gate, up, down),
+        each expert's matrix stacked by rows: [n_expert * inter, hidden] twice and
+        [n_expert * hidden, inter]; expert e is rows e * out .. (e + 1) * out of each.
+
+        Here, through this backend's own ops: the rows are grouped by expert, so each chosen
+        expert's weights are read once for all the rows that chose it (expert_rows: views, no
+        copy), and the routing runs on the host."""
+        gate, up, down = experts
+        plan = ExpertPlan.route(self.to_numpy(self.linear(x, router)), top_k, norm_topk)
+        inter, hidden = check_experts(plan.n_experts, gate, up, down)
+        xs = self.take_rows(x, plan.tokens)  # [rows * top_k, hidden], grouped by expert
+        ys = []
+        for e, a, b in plan.groups():
+            h = self.rows(xs, a, b)
+            g, u = self.linear_many(h, [expert_rows(gate, e, inter), expert_rows(up, e, inter)])
+            ys.append(self.to_numpy(self.linear(self.silu_mul(g, u), expert_rows(down, e, hidden))))
+        return self.from_numpy(plan.combine(np.concatenate(ys)))
+
     # -- the KV cache ---------------------------------------------------------------------------
     def write_kv(self, buf, slot: int, start: int, rows) -> None:
         """buf[slot, start:start + len(rows)] = rows (float32 [n, width]), converted to the
@@ -290,6 +312,75 @@ class Backend:
             ctx = self.matmul(self.softmax_rows(scores), v_h)  # [seq_q, head_dim]
             out = self.copy_2d_into_cols(out, ctx, h * head_dim)
         return out
+
+
+class ExpertPlan:
+    """Which experts each row of a step takes, and the step's rows grouped by expert.
+
+    Assignment a = r * top_k + j is row r's j-th choice. Sorted by expert (then by row), the
+    assignments make one contiguous group per chosen expert, so each expert's weights are read
+    once a step however many rows chose it; `tokens` are the rows to gather in that order.
+    Every row is routed and combined on its own, so its output does not depend on the rows
+    beside it (the batch-invariance of the dense path)."""
+
+    def __init__(self, weights: np.ndarray, chosen: np.ndarray, n_experts: int):
+        self.weights = weights  # [rows, top_k] float32: each choice's weight
+        self.chosen = chosen  # [rows, top_k] int64: the experts, best first
+        self.n_experts = n_experts
+        rows, top_k = chosen.shape
+        self.order = np.argsort(chosen.reshape(-1), kind="stable")  # group position -> assignment
+        self.tokens = self.order // top_k  # group position -> row of x
+        counts = np.bincount(chosen.reshape(-1), minlength=n_experts)
+        self.experts = np.flatnonzero(counts).astype(np.int64)  # the experts chosen at all
+        self.starts = np.concatenate([[0], np.cumsum(counts[self.experts])]).astype(np.int64)
+
+    @classmethod
+    def route(cls, logits: np.ndarray, top_k: int, norm_topk: bool) -> "ExpertPlan":
+        """Route rows by their router logits [rows, n_experts]: softmax in float32 over every
+        expert, the top_k largest (the lower expert first on a tie), renormalised if asked."""
+        logits = np.asarray(logits, dtype=np.float32)
+        n_experts = logits.shape[1]
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k must be between 1 and the {n_experts} experts, got {top_k}")
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        chosen = np.argsort(-p, axis=1, kind="stable")[:, :top_k]  # [rows, top_k]
+        weights = np.take_along_axis(p, chosen, axis=1)
+        if norm_topk:
+            weights = weights / weights.sum(axis=1, keepdims=True)
+        return cls(weights.astype(np.float32), chosen.astype(np.int64), n_experts)
+
+    def groups(self):
+        """(expert, first, end) of each chosen expert's run of group positions."""
+        for g, e in enumerate(self.experts):
+            yield int(e), int(self.starts[g]), int(self.starts[g + 1])
+
+    def combine(self, y: np.ndarray) -> np.ndarray:
+        """The rows' outputs from the experts' y [rows * top_k, hidden] (group order): each row's
+        choices weighted and added in rank order, one row at a time."""
+        rows, top_k = self.chosen.shape
+        by_choice = np.empty_like(y)
+        by_choice[self.order] = y
+        by_choice = by_choice.reshape(rows, top_k, -1)  # [rows, top_k, hidden]
+        out = self.weights[:, :1] * by_choice[:, 0]
+        for j in range(1, top_k):
+            out += self.weights[:, j:j + 1] * by_choice[:, j]
+        return out
+
+
+def expert_rows(w, e: int, n: int):
+    """Expert e's n rows of a stacked expert matrix: a view (a QuantTensor's rows, or a slice)."""
+    return w.rows(e * n, (e + 1) * n) if isinstance(w, QuantTensor) else w[e * n:(e + 1) * n]
+
+
+def check_experts(n_experts: int, gate, up, down) -> tuple[int, int]:
+    """(inter, hidden) of stacked experts that fit a router of n_experts, or a ValueError."""
+    inter, hidden = gate.shape[0] // n_experts, down.shape[0] // n_experts
+    if (gate.shape[0] % n_experts or tuple(up.shape) != tuple(gate.shape)
+            or tuple(down.shape) != (n_experts * hidden, inter) or gate.shape[1] != hidden):
+        raise ValueError(f"experts of shapes {list(gate.shape)}, {list(up.shape)}, "
+                         f"{list(down.shape)} are not {n_experts} stacked SwiGLU experts")
+    return inter, hidden
 
 
 def score_scale(head_dim: int, scale: float | None) -> float:

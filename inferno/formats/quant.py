@@ -92,12 +92,13 @@ class QuantTensor:
         return f"QuantTensor({self.qtype.name}, {list(self.shape)})"
 
     def rows(self, r0: int, r1: int) -> "QuantTensor":
-        """Rows r0..r1, a view."""
-        return QuantTensor(self.qtype, (r1 - r0, self.shape[1]), self.data[r0:r1])
+        """Rows r0..r1, a view (its inputs are the matrix's: outlier_inputs carries over)."""
+        return QuantTensor(self.qtype, (r1 - r0, self.shape[1]), self.data[r0:r1], self.outlier_inputs)
 
     def take_rows(self, order: np.ndarray) -> "QuantTensor":
         """The rows in `order` (a copy): whole rows of blocks move unchanged."""
-        return QuantTensor(self.qtype, (len(order), self.shape[1]), np.ascontiguousarray(self.data[order]))
+        return QuantTensor(self.qtype, (len(order), self.shape[1]), np.ascontiguousarray(self.data[order]),
+                           self.outlier_inputs)
 
     def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
         """Rows r0..r1 as float32 `[r1 - r0, cols]`: the gguf package's dequantisation, the

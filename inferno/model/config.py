@@ -21,9 +21,12 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not read
+    # Mixtures of experts: the same attention, an expert MLP (config.Experts) in sparse layers.
+    "Qwen3MoeForCausalLM": "qwen3",
+    "MixtralForCausalLM": "llama",
 }
 MODEL_TYPES = {"qwen3": "qwen3", "llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3",
-               "gemma3": "gemma3"}
+               "gemma3": "gemma3", "qwen3_moe": "qwen3", "mixtral": "llama"}
 ROPE_TYPES = ("default", "linear", "llama3")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
@@ -66,6 +69,32 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts MLP: a router scores `count` experts per token, the `top_k` best
+    run (each a SwiGLU of `intermediate_size`), and their outputs add up weighted by the
+    router's softmax, taken over all experts (renormalised over the chosen when `norm_topk`:
+    Mixtral's softmax over the top-k logits is the same thing). `layers` are the layers with
+    experts; the others keep the dense MLP (Qwen3-MoE's mlp_only_layers)."""
+
+    count: int
+    top_k: int
+    intermediate_size: int
+    norm_topk: bool
+    layers: tuple[int, ...]
+
+    def check(self, n_layers: int) -> None:
+        if self.count < 1 or self.intermediate_size < 1:
+            raise InfernoError(f"model config: {self.count} experts of {self.intermediate_size} "
+                               f"features; an expert MLP needs at least one of at least one")
+        if not 1 <= self.top_k <= self.count:
+            raise InfernoError(f"model config: {self.top_k} experts per token (top-k) with "
+                               f"{self.count} experts; top-k must be between 1 and the expert count")
+        if any(not 0 <= i < n_layers for i in self.layers):
+            raise InfernoError(f"model config: expert layers {list(self.layers)} outside the "
+                               f"model's {n_layers} layers")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str  # a key of FAMILIES
     vocab_size: int
@@ -91,6 +120,7 @@ class ModelConfig:
     rope_local_theta: float | None = None
     # Llama 3.1 GGUFs store their RoPE scaling as a factor per frequency (rope_freqs.weight).
     rope_freq_factors: tuple[float, ...] | None = None
+    experts: Experts | None = None  # a mixture of experts; None: every MLP dense
 
     def __post_init__(self):
         positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -122,6 +152,8 @@ class ModelConfig:
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
             raise InfernoError(f"model config: {len(self.rope_freq_factors)} RoPE frequency factors "
                                f"for head_dim {self.head_dim} (expected {self.head_dim // 2})")
+        if self.experts is not None:
+            self.experts.check(self.num_hidden_layers)
 
     @property
     def family(self) -> Family:
@@ -138,6 +170,10 @@ class ModelConfig:
     @property
     def kv_width(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    def sparse(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is a mixture of experts."""
+        return self.experts is not None and layer in self.experts.layers
 
     def window(self, layer: int) -> int:
         """Layer `layer`'s sliding window in keys; 0 for global attention."""
@@ -227,6 +263,7 @@ class ModelConfig:
                 layer_windows=_layer_windows(cfg, arch, layers),
                 rope_local_theta=_float_or_none(cfg.get("rope_local_base_freq",
                                                         local_rope.get("rope_theta"))),
+                experts=_experts(cfg, layers),
             )
         except KeyError as e:
             raise InfernoError(f"model config: config.json has no {e.args[0]!r} field") from None
@@ -251,6 +288,26 @@ def _layer_windows(cfg: dict, arch: str, layers: int) -> tuple[int, ...]:
     return tuple(int(window) if t == "sliding_attention" else 0 for t in types)
 
 
+def _experts(cfg: dict, layers: int) -> Experts | None:
+    """The expert MLP of a Qwen3-MoE or Mixtral config.json; None for a dense model.
+    Qwen3-MoE: `num_experts` (transformers 5 writes `num_local_experts`), experts of
+    `moe_intermediate_size`, `norm_topk_prob`, and dense layers where `mlp_only_layers` or
+    `decoder_sparse_step` say. Mixtral: `num_local_experts` of `intermediate_size`, every layer,
+    always renormalised (a softmax over the top-k logits)."""
+    count = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    if not count:
+        return None
+    mixtral = cfg.get("model_type") == "mixtral" or "MixtralForCausalLM" in (cfg.get("architectures") or ())
+    if mixtral:
+        return Experts(int(count), int(cfg["num_experts_per_tok"]), int(cfg["intermediate_size"]),
+                       True, tuple(range(layers)))
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    dense = set(cfg.get("mlp_only_layers") or ())
+    return Experts(int(count), int(cfg["num_experts_per_tok"]), int(cfg["moe_intermediate_size"]),
+                   bool(cfg.get("norm_topk_prob", False)),
+                   tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0))
+
+
 def _float_or_none(x) -> float | None:
     return None if x is None else float(x)
 
@@ -264,8 +321,8 @@ def _architecture(cfg: dict) -> str:
         return MODEL_TYPES[cfg["model_type"]]
     got = ", ".join(names) or cfg.get("model_type") or "none given"
     raise InfernoError(f"unsupported architecture {got}: inferno runs "
-                       f"{', '.join(ARCHITECTURES)} (Qwen3, Qwen2, Gemma 3 and Llama-family models "
-                       f"such as SmolLM2)")
+                       f"{', '.join(ARCHITECTURES)} (Qwen3, Qwen3-MoE, Qwen2, Gemma 3, Mixtral "
+                       f"and Llama-family models such as SmolLM2)")
 
 
 def _rope_scaling(params: dict) -> RopeScaling:

@@ -4,7 +4,7 @@ against `ops` only.
     x = embed(tokens)                                  # x sqrt(hidden) for Gemma
     for each layer:
         x = x + post_norm(attention(rms_norm(x)))      # q/k norms, RoPE, GQA, sliding window
-        x = x + post_norm(mlp(rms_norm(x)))            # SwiGLU or GeGLU
+        x = x + post_norm(mlp(rms_norm(x)))            # SwiGLU or GeGLU, or a mixture of experts
     logits = lm_head(rms_norm(x))
 
 `post_norm` is Gemma's sandwich norm and nothing for the others. What differs between families
@@ -82,8 +82,15 @@ class Layer:
         else:  # Llama's post_attention_layernorm is the norm before the MLP
             self.post_attn_norm = self.post_mlp_norm = None
             self.mlp_norm = norm("post_attention_layernorm.weight")
-        self.gate_up = [w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]  # [inter, hidden] x 2
-        self.down_proj = outliers_in("mlp.down_proj.weight")  # [hidden, intermediate]
+        if cfg.sparse(i):  # a mixture of experts: a router, and each matrix of every expert stacked
+            self.router = w("mlp.gate.weight")  # [n_expert, hidden]
+            self.experts = (w("mlp.experts.gate_proj.weight"), w("mlp.experts.up_proj.weight"),
+                            outliers_in("mlp.experts.down_proj.weight"))  # ops.moe's shapes
+            self.gate_up = self.down_proj = None
+        else:
+            self.router = self.experts = None
+            self.gate_up = [w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]  # [inter, hidden] x 2
+            self.down_proj = outliers_in("mlp.down_proj.weight")  # [hidden, intermediate]
 
 
 class _Batch:
@@ -134,16 +141,37 @@ class DecoderModel:
 
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads, as the backend stores them: every matrix and
-        norm once, and one embedding row (a tied lm_head is the embedding, read whole)."""
-        mats = [self.lm_head, self.norm]
+        norm once, the chosen experts' share of the stacked experts (top_k of n_expert), and one
+        embedding row (a tied lm_head is the embedding, read whole)."""
+        nbytes = self.ops.weight_nbytes
+        mats, share = self._matrices()
+        embed_row = nbytes(self.embed_tokens) // self.cfg.vocab_size
+        return round(sum(nbytes(m) * share.get(id(m), 1.0) for m in mats)
+                     + (0 if self.cfg.tie_word_embeddings else embed_row))
+
+    def parameters(self) -> tuple[int, int]:
+        """(all, active a token): the weights' element count, and what one token multiplies
+        (the chosen experts' share of the experts; the embedding counted whole in both, as
+        model cards count them)."""
+        mats, share = self._matrices()  # a tied lm_head is the embedding
+        if not self.cfg.tie_word_embeddings:
+            mats.append(self.embed_tokens)
+        size = lambda m: int(np.prod(m.shape))  # noqa: E731
+        return (sum(size(m) for m in mats),
+                round(sum(size(m) * share.get(id(m), 1.0) for m in mats)))
+
+    def _matrices(self) -> tuple[list, dict]:
+        """Every weight the forward reads but the embedding, and the share of each stacked
+        expert matrix (by id) that one token reads."""
+        mats, share = [self.lm_head, self.norm], {}
         for layer in self.layers:
-            mats += [*layer.qkv, layer.o_proj, *layer.gate_up, layer.down_proj, layer.attn_norm,
-                     layer.mlp_norm, *(layer.qkv_bias or ()),
+            mlp = [*layer.gate_up, layer.down_proj] if layer.experts is None else [layer.router, *layer.experts]
+            mats += [*layer.qkv, layer.o_proj, *mlp, layer.attn_norm, layer.mlp_norm, *(layer.qkv_bias or ()),
                      *(n for n in (layer.q_norm, layer.k_norm, layer.post_attn_norm,
                                    layer.post_mlp_norm) if n is not None)]
-        nbytes = self.ops.weight_nbytes
-        embed_row = nbytes(self.embed_tokens) // self.cfg.vocab_size
-        return sum(nbytes(m) for m in mats) + (0 if self.cfg.tie_word_embeddings else embed_row)
+            for m in layer.experts or ():
+                share[id(m)] = self.cfg.experts.top_k / self.cfg.experts.count
+        return mats, share
 
     def forward(self, token_ids, cache: KVCache | None = None, last_only: bool = False):
         """Logits for one sequence's `token_ids`, [n, vocab] (or [1, vocab] with `last_only`), as
@@ -257,6 +285,9 @@ class DecoderModel:
 
     def mlp(self, layer: Layer, h):
         ops = self.ops
+        if layer.experts is not None:
+            moe = self.cfg.experts
+            return ops.moe(h, layer.router, layer.experts, moe.top_k, moe.norm_topk)  # [rows, hidden]
         gate, up = ops.linear_many(h, layer.gate_up)  # [rows, intermediate] x 2
         act = ops.gelu_mul(gate, up) if self.cfg.activation == "gelu_tanh" else ops.silu_mul(gate, up)
         return ops.linear(act, layer.down_proj)  # [rows, hidden]
@@ -291,8 +322,16 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if fam.sandwich_norms:
         layer.update({"pre_feedforward_layernorm.weight": (hidden,),
                       "post_feedforward_layernorm.weight": (hidden,)})
+    sparse = {k: v for k, v in layer.items() if not k.startswith("mlp.")}
+    if cfg.experts is not None:
+        n, inter = cfg.experts.count, cfg.experts.intermediate_size
+        sparse.update({"mlp.gate.weight": (n, hidden),
+                       "mlp.experts.gate_proj.weight": (n * inter, hidden),
+                       "mlp.experts.up_proj.weight": (n * inter, hidden),
+                       "mlp.experts.down_proj.weight": (n * hidden, inter)})
     for i in range(cfg.num_hidden_layers):
-        shapes.update({f"model.layers.{i}.{name}": shape for name, shape in layer.items()})
+        block = sparse if cfg.sparse(i) else layer
+        shapes.update({f"model.layers.{i}.{name}": shape for name, shape in block.items()})
     return shapes
 
 
@@ -306,5 +345,8 @@ def check_weights(cfg: ModelConfig, tensors: dict) -> None:
             raise InfernoError(f"weights do not match the config: {missing} tensors missing "
                                f"(first: {name})")
         if tuple(tensors[name].shape) != shape:
+            moe = cfg.experts
+            why = (f" (the file's metadata or config.json says {moe.count} experts of "
+                   f"{moe.intermediate_size} features)" if ".mlp.gate." in name or ".experts." in name else "")
             raise InfernoError(f"weights do not match the config: {name} is "
-                               f"{list(tensors[name].shape)}, the config implies {list(shape)}")
+                               f"{list(tensors[name].shape)}, the config implies {list(shape)}{why}")

@@ -25,13 +25,16 @@ import numpy as np
 from inferno.formats.cache_types import widen_bf16
 from inferno.formats.quant import QTYPES, QuantTensor
 from inferno.errors import InfernoError, one_line
-from inferno.model.config import ModelConfig, RopeScaling
+from inferno.model.config import Experts, ModelConfig, RopeScaling
 from inferno.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 from inferno.model.gguf_tokenizer import tokenizer_from_gguf
 from inferno.model.checkpoint import Checkpoint
 from inferno.model.sampling import gguf_sampling
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
+# GGUF architecture -> the family whose forward pass it runs (config.FAMILIES); experts come
+# from the metadata (expert_count), in llama files too (Mixtral).
+FAMILY_OF = {"qwen3moe": "qwen3"}
 
 # GGUF tensor name -> Hugging Face name, the one rename table; `{i}` is the layer index.
 TENSOR_NAMES = {
@@ -52,7 +55,14 @@ TENSOR_NAMES = {
     "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
     "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
     "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
+    # Mixtures of experts: the router, and each expert matrix stacked, [n_expert, out, in]
+    # (kept as [n_expert * out, in]: expert e is rows e * out .. (e + 1) * out, contiguous).
+    "blk.{i}.ffn_gate_inp.weight": "model.layers.{i}.mlp.gate.weight",
+    "blk.{i}.ffn_gate_exps.weight": "model.layers.{i}.mlp.experts.gate_proj.weight",
+    "blk.{i}.ffn_up_exps.weight": "model.layers.{i}.mlp.experts.up_proj.weight",
+    "blk.{i}.ffn_down_exps.weight": "model.layers.{i}.mlp.experts.down_proj.weight",
 }
+STACKED = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 # Gemma's four norms a block: llama.cpp's ffn_norm is its pre-feedforward norm, and Hugging Face's
 # post_attention_layernorm is the norm of the attention output.
 GEMMA3_NAMES = {
@@ -86,7 +96,7 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
     if arch not in ARCHITECTURES:
         raise InfernoError(f"{path.name}: unsupported GGUF architecture {arch!r:.80}; inferno runs "
                            f"{', '.join(ARCHITECTURES[:-1])} and {ARCHITECTURES[-1]} GGUF files "
-                           f"(e.g. SmolLM2, Llama 3, Qwen2.5, Qwen3, Gemma 3)")
+                           f"(e.g. SmolLM2, Llama 3, Mixtral, Qwen2.5, Qwen3, Qwen3-MoE, Gemma 3)")
     infos = gf.tensors
     _check_tensors(path, arch, infos)
     tokenizer = tokenizer_from_gguf(meta, path.name)
@@ -101,7 +111,7 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
 
     # Matrices in other types are dequantised: the one slow part, under the progress bar.
     model_tensors = [i for i in infos.values() if i.name not in CONFIG_TENSORS]
-    slow = [i for i in model_tensors if len(i.shape) == 2 and not _kept_as_stored(i)]
+    slow = [i for i in model_tensors if len(i.shape) >= 2 and not _kept_as_stored(i)]
     fast = [i for i in model_tensors if len(i.shape) < 2 or _kept_as_stored(i)]
     tensors = {}
     todo = chain(fast, progress(slow, desc="dequantising", unit="tensor") if progress and slow else slow)
@@ -118,9 +128,11 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
 
 
 def tensor(gf: GGUFFile, info: TensorInfo) -> QuantTensor | np.ndarray:
-    """One tensor in Hugging Face's order (`[out, in]` for a matrix), copied only if it must
-    change: see the module's docstring."""
+    """One tensor in Hugging Face's order (`[out, in]` for a matrix; stacked experts
+    `[n_expert * out, in]`), copied only if it must change: see the module's docstring."""
     shape = info.hf_shape
+    if len(shape) == 3:  # [n_expert, out, in]: the experts' rows end to end, as stored
+        shape = (shape[0] * shape[1], shape[2])
     raw = gf.raw(info)  # [nbytes]
     if len(shape) == 2 and info.type_name in QTYPES:
         return QuantTensor(info.type_name, shape, raw)
@@ -200,8 +212,10 @@ def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str,
             rope_local_theta=GEMMA3_LOCAL_ROPE_BASE)
     if rope_freqs is not None:
         family["rope_freq_factors"] = tuple(float(f) for f in np.asarray(rope_freqs).reshape(-1))
+    if meta.get(f"{arch}.expert_count"):
+        family["experts"] = experts_from_gguf(meta, arch, infos, layers, key)
     return ModelConfig(
-        architecture=arch,
+        architecture=FAMILY_OF.get(arch, arch),
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
@@ -220,6 +234,18 @@ def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str,
     )
 
 
+def experts_from_gguf(meta: dict, arch: str, infos: dict, layers: int, key) -> Experts:
+    """The expert MLP as llama.cpp reads it: `expert_count` experts, `expert_used_count` a
+    token, each of `expert_feed_forward_length` (Mixtral's llama files: feed_forward_length);
+    the chosen experts' weights renormalised unless `expert_weights_norm` says not (llama.cpp
+    always renormalises qwen3moe and llama experts). A layer has experts where its router is."""
+    count = int(key("expert_count"))
+    inter = int(meta.get(f"{arch}.expert_feed_forward_length") or key("feed_forward_length"))
+    sparse = tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in infos)
+    return Experts(count, int(key("expert_used_count")), inter,
+                   bool(meta.get(f"{arch}.expert_weights_norm", True)), sparse)
+
+
 def _f32(x) -> float:
     """A float32 metadata value as the decimal it was written from (1e-05, not 9.99999974e-06):
     the shortest text that reads back as the same float32."""
@@ -231,7 +257,7 @@ _WIDEN = {"F16": np.float16, "F64": np.float64}
 
 
 def _kept_as_stored(info: TensorInfo) -> bool:
-    return len(info.shape) == 2 and (info.type_name in QTYPES or info.type_name == "F32")
+    return len(info.shape) in (2, 3) and (info.type_name in QTYPES or info.type_name == "F32")
 
 
 def _check_tensors(path: Path, arch: str, infos: dict[str, TensorInfo]) -> None:
@@ -242,10 +268,11 @@ def _check_tensors(path: Path, arch: str, infos: dict[str, TensorInfo]) -> None:
     for info in infos.values():
         if hf_name(info.name, arch) is None and info.name not in CONFIG_TENSORS:
             raise InfernoError(f"{path.name}: tensor {info.name} is not part of a {arch} model "
-                               f"inferno runs (biases, experts and vision towers are not supported)")
-        if len(info.shape) > 2:
+                               f"inferno runs (biases, shared experts and vision towers are not "
+                               f"supported)")
+        if len(info.shape) > (3 if info.name.endswith(STACKED) else 2):
             raise InfernoError(f"{path.name}: tensor {info.name} has {len(info.shape)} dimensions; "
-                               f"inferno's models use vectors and matrices")
+                               f"inferno's models use vectors, matrices and stacked experts")
     for type_name, info in {i.type_name: i for i in infos.values()}.items():
         if type_name not in (*QTYPES, *_WIDEN, "F32", "BF16") and not _can_dequantize(info):
             raise InfernoError(f"{path.name}: unsupported GGUF tensor type {type_name} "

@@ -74,7 +74,8 @@ QWEN3_STOPS = ("<|im_end|>", "<|endoftext|>")
 
 
 # Turn enders llama.cpp finds by their text, per architecture.
-TURN_ENDS = {"qwen3": QWEN3_STOPS, **dict.fromkeys(("gemma", "gemma2", "gemma3"), ("<end_of_turn>",))}
+TURN_ENDS = {"qwen3": QWEN3_STOPS, "qwen3moe": QWEN3_STOPS,
+             **dict.fromkeys(("gemma", "gemma2", "gemma3"), ("<end_of_turn>",))}
 
 
 def tokenizer_from_gguf(meta: dict, source: str) -> Tokenizer:

@@ -16,6 +16,7 @@ import numpy as np
 
 from inferno.errors import InfernoError
 from inferno.model.checkpoint import Checkpoint, progress_bar
+from inferno.formats.quant import QuantTensor
 from inferno.model.config import ModelConfig
 from inferno.model.gguf import load_gguf
 from inferno.model.gguf_file import MAGIC
@@ -41,6 +42,8 @@ def load_hf_folder(folder: Path, progress: bool = False) -> Checkpoint:
         tensors = text_model_tensors(tensors)
     config = ModelConfig.from_hf(raw, extra_eos=generation.get("eos_token_id"),
                                  has_lm_head="lm_head.weight" in tensors)
+    if config.experts is not None:
+        tensors = stack_experts(tensors, config, folder)
     if config.family.norm_plus_one:
         # Gemma's RMSNorm scales by (1 + w): folded into w here, in float32 as transformers adds
         # it, so the forward pass has one norm for every family (a GGUF stores it folded).
@@ -65,6 +68,70 @@ def text_model_tensors(tensors: dict) -> dict:
         if prefix is not None:
             out[TEXT_MODEL_PREFIXES[prefix] + name[len(prefix):]] = t
     return out
+
+
+# A folder's expert MLPs under the names inferno keeps (a GGUF's layout): the router, and each of
+# the three matrices with every expert's rows end to end, [n_expert * out, in].
+ROUTER = "model.layers.{i}.mlp.gate.weight"
+STACKED = "model.layers.{i}.mlp.experts.{m}_proj.weight"
+# Per-expert names: Qwen3-MoE's (as the Hugging Face hub has them), Mixtral's (w1 the gate, w3
+# the up projection, w2 the down one).
+PER_EXPERT = {
+    "mlp": ("mlp.gate.weight", "mlp.experts.{e}.{m}_proj.weight", {"gate": "gate", "up": "up", "down": "down"}),
+    "block_sparse_moe": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.{m}.weight",
+                         {"gate": "w1", "up": "w3", "down": "w2"}),
+}
+
+
+def stack_experts(tensors: dict, config: ModelConfig, folder: Path) -> dict:
+    """Each sparse layer's experts stacked into the three matrices a GGUF stores (a copy: a
+    folder keeps one tensor per expert). transformers 5's fused form (`mlp.experts.gate_up_proj`
+    [n_expert, 2 * inter, hidden], `mlp.experts.down_proj` [n_expert, hidden, inter]) is split and
+    reshaped the same way."""
+    count = config.experts.count
+    for i in config.experts.layers:
+        p = f"model.layers.{i}."
+        fused = tensors.pop(p + "mlp.experts.gate_up_proj", None)
+        if fused is not None:
+            fused = np.asarray(fused, np.float32)
+            e, two_inter, hidden = fused.shape
+            down = np.asarray(tensors.pop(p + "mlp.experts.down_proj"), np.float32)
+            tensors[STACKED.format(i=i, m="gate")] = fused[:, :two_inter // 2].reshape(-1, hidden)
+            tensors[STACKED.format(i=i, m="up")] = fused[:, two_inter // 2:].reshape(-1, hidden)
+            tensors[STACKED.format(i=i, m="down")] = down.reshape(-1, down.shape[-1])
+            continue
+        style = next((s for s, (router, _, _) in PER_EXPERT.items() if p + router in tensors), None)
+        if style is None:
+            raise InfernoError(f"{folder}: layer {i} should have {count} experts, but it has no "
+                               f"router (mlp.gate.weight); the weights do not match config.json")
+        router, each, names = PER_EXPERT[style]
+        tensors[ROUTER.format(i=i)] = tensors.pop(p + router)
+        for m, theirs in names.items():
+            parts = []
+            for e in range(count):
+                name = p + each.format(e=e, m=theirs)
+                if name not in tensors:
+                    raise InfernoError(f"{folder}: config.json says {count} experts, but {name} is "
+                                       f"missing; the weights do not match config.json")
+                parts.append(tensors.pop(name))
+            if f"{p}{each.format(e=count, m=theirs)}" in tensors:
+                raise InfernoError(f"{folder}: layer {i} has more experts than config.json's "
+                                   f"{count}; the weights do not match config.json")
+            tensors[STACKED.format(i=i, m=m)] = _stack(parts, p + each.format(e="*", m=theirs), folder)
+    return tensors
+
+
+def _stack(parts: list, what: str, folder: Path):
+    """Matrices of one shape end to end, as one: 16-bit ones stay 16-bit."""
+    shapes = {tuple(t.shape) for t in parts}
+    if len(shapes) != 1:
+        raise InfernoError(f"{folder}: the experts' {what} differ in shape ({sorted(shapes)[:2]})")
+    rows, cols = shapes.pop()
+    kinds = {t.qtype.name if isinstance(t, QuantTensor) else None for t in parts}
+    if len(kinds) == 1 and None not in kinds:
+        return QuantTensor(parts[0].qtype, (rows * len(parts), cols), np.concatenate([t.data for t in parts]))
+    return np.concatenate([np.asarray(t.dequantize() if isinstance(t, QuantTensor) else t, np.float32)
+                           for t in parts])
 
 
 def open_checkpoint(model: str | Path | None = None, progress: bool = False) -> Checkpoint:

@@ -112,8 +112,8 @@ class State:
             batch.engine.grammars.lltok
             self.batch = batch
             e = batch.engine
-            log.info("load: %.2f s (%s, %s backend); %d slots x %d positions, KV cache %.0f MiB",
-                     time.perf_counter() - t0, e.source, e.backend, batch.parallel, batch.ctx_size,
+            log.info("load: %.2f s (%s, %s backend%s); %d slots x %d positions, KV cache %.0f MiB",
+                     time.perf_counter() - t0, e.source, e.backend, e.size_note, batch.parallel, batch.ctx_size,
                      batch.cache_bytes / 2**20)
         self.loaded.set()
 

@@ -39,6 +39,8 @@ from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba import attention as A
 from inferno.backends.numba import dense as K
 from inferno.backends.numba import kv_kernels as KV
+from inferno.backends.numba import experts as E
+from inferno.backends.numba.experts import NO_ROWS
 from inferno.backends.numba.contention import Contention
 from inferno.backends.numba import qkernels as Q
 from inferno.backends.numba.qkernels import chunk_start
@@ -135,9 +137,7 @@ def _decode_for(kind: CacheKind):
     return jitcache.lazy(decode_kind)
 
 
-MANY = 3  # weights per linear_many launch: q/k/v; gate/up are padded with _NO_ROWS
-_NO_ROWS = np.empty((0, 0), np.uint8)
-_NO_ROWS.flags.writeable = False
+MANY = 3  # weights per linear_many launch: q/k/v; gate/up are padded with NO_ROWS
 
 
 class PoolBackend(SimdBackend):
@@ -253,7 +253,7 @@ class PoolBackend(SimdBackend):
         # compiled kernel for both, one to load at start-up, not two (each costs the load line tens of ms).
         while len(kinds) < MANY:
             kinds.append(kinds[0])
-            datas.append(_NO_ROWS)
+            datas.append(NO_ROWS)
         self._launch(Q.linear_many_par_for(*kinds), tuple(datas), x, out, self.threads,
                      max(self._int8_mode(w) for w in ws))
         views, start = [], 0
@@ -261,6 +261,16 @@ class PoolBackend(SimdBackend):
             views.append(out[:, start:start + w.shape[0]])
             start += w.shape[0]
         return views
+
+    def _experts(self, w0, w1, x, out0, out1, plan, mode: int) -> None:
+        """simd's, every chosen expert's rows cut into one chunk per thread, in one launch."""
+        work = x.shape[0] * (out0.shape[1] + out1.shape[1]) * x.shape[1]  # multiply-adds
+        if self.threads == 1 or work < self.parallel_min_elements:
+            return super()._experts(w0, w1, x, out0, out1, plan, mode)
+        k0 = WeightKind.of(w0)
+        k1, d1 = (k0, NO_ROWS) if w1 is None else (WeightKind.of(w1), w1.data)
+        self._launch(E.experts_par_for(k0, k1), w0.data, d1, x, out0, out1, plan.starts,
+                     plan.experts, prefill_tile(w0.shape[1]), self.threads, mode)
 
     def embedding(self, table, ids):
         """simd's, with a prefill's many rows split across threads."""

@@ -24,7 +24,9 @@ from inferno.backends.numba import attention as A
 from inferno.backends.numba import dense as K
 from inferno.backends.numba import kv_kernels as KV
 from inferno.backends.numba import qkernels as Q
-from inferno.backends.base import Backend, check_decode, check_prefill, score_scale
+from inferno.backends.numba import experts as E
+from inferno.backends.base import (Backend, ExpertPlan, check_decode, check_experts, check_prefill,
+                                   score_scale)
 from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba.ilanes import fast_int_dot
 from inferno.formats.quant import QuantTensor
@@ -145,6 +147,33 @@ class SimdBackend(Backend):
         else:
             np.matmul(x, w.T, out=out)
         return out
+
+    def moe(self, x, router, experts, top_k: int, norm_topk: bool):
+        """The reference's plan (base.ExpertPlan), its experts' matrices multiplied in two calls
+        for the whole step (experts.py): gate and up, then down. Float32 experts take the
+        reference's loop over experts (sgemm and matvec per expert)."""
+        if not all(isinstance(w, QuantTensor) for w in experts):
+            return super().moe(x, router, experts, top_k, norm_topk)
+        gate, up, down = experts
+        x = contiguous(x)
+        plan = ExpertPlan.route(self.linear(x, router), top_k, norm_topk)
+        inter, hidden = check_experts(plan.n_experts, gate, up, down)
+        check_width(x, gate)
+        xs = x[plan.tokens]  # [rows * top_k, hidden], grouped by expert
+        g, u = (np.empty((xs.shape[0], inter), np.float32) for _ in range(2))
+        self._experts(gate, up, xs, g, u, plan, max(self._int8_mode(gate), self._int8_mode(up)))
+        act = self.silu_mul(g, u)  # [rows * top_k, inter]
+        y = np.empty((xs.shape[0], hidden), np.float32)
+        self._experts(down, None, act, y, np.empty((xs.shape[0], 0), np.float32), plan, self._int8_mode(down))
+        return plan.combine(y)
+
+    def _experts(self, w0, w1, x, out0, out1, plan: ExpertPlan, mode: int) -> None:
+        """out0 (and out1) = each of plan's groups of x times its expert's rows of w0 (and w1,
+        unless None), in one call on this core."""
+        k0 = WeightKind.of(w0)
+        k1, d1 = (k0, E.NO_ROWS) if w1 is None else (WeightKind.of(w1), w1.data)
+        E.experts_for(k0, k1)(w0.data, d1, x, out0, out1, plan.starts, plan.experts,
+                              prefill_tile(w0.shape[1]), mode)
 
     def embedding(self, table, ids):
         if not isinstance(table, QuantTensor):

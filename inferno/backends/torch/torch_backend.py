@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from inferno.backends.base import (CACHE_TYPES, QUANT_TILE, Backend, check_decode, check_prefill,
-                                   score_scale)
+from inferno.backends.base import (CACHE_TYPES, QUANT_TILE, Backend, check_decode, check_experts,
+                                   check_prefill, score_scale)
 from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
 
@@ -180,6 +180,38 @@ class TorchBackend(Backend):
 
     def silu_mul(self, gate, up):
         return F.silu(gate) * up
+
+    def moe(self, x, router, experts, top_k: int, norm_topk: bool):
+        """The reference's algorithm on the device: softmax in float32, top-k (ties to the lower
+        expert, as torch.topk breaks them), the rows grouped by expert (one host sync for the
+        group sizes), one F.linear per chosen expert and matrix, choices added in rank order."""
+        gate, up, down = experts
+        n = router.shape[0]
+        if not 1 <= top_k <= n:
+            raise ValueError(f"top_k must be between 1 and the {n} experts, got {top_k}")
+        inter, hidden = check_experts(n, gate, up, down)
+        probs = torch.softmax(F.linear(x, router).float(), dim=-1)  # [rows, n]
+        weights, chosen = torch.topk(probs, top_k, dim=-1)  # [rows, top_k], best first
+        if norm_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        flat = chosen.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # group position -> assignment
+        tokens = order // top_k
+        y = torch.empty(flat.numel(), hidden, dtype=x.dtype, device=x.device)  # by assignment
+        start = 0
+        for e, count in enumerate(torch.bincount(flat, minlength=n).tolist()):
+            if count:
+                at, h = order[start:start + count], x[tokens[start:start + count]]
+                g = F.linear(h, gate[e * inter:(e + 1) * inter])
+                u = F.linear(h, up[e * inter:(e + 1) * inter])
+                y[at] = F.linear(F.silu(g) * u, down[e * hidden:(e + 1) * hidden])
+                start += count
+        y = y.reshape(x.shape[0], top_k, hidden)
+        weights = weights.to(x.dtype)
+        out = weights[:, :1] * y[:, 0]
+        for j in range(1, top_k):
+            out = out + weights[:, j:j + 1] * y[:, j]
+        return out
 
     def gelu_mul(self, gate, up):
         return F.gelu(gate, approximate="tanh") * up
