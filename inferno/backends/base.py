@@ -330,6 +330,9 @@ class ExpertPlan:
         rows, top_k = chosen.shape
         self.order = np.argsort(chosen.reshape(-1), kind="stable")  # group position -> assignment
         self.tokens = self.order // top_k  # group position -> row of x
+        self.position = np.empty_like(self.order)  # assignment -> group position
+        self.position[self.order] = np.arange(self.order.size)
+        self.position = self.position.reshape(rows, top_k)
         counts = np.bincount(chosen.reshape(-1), minlength=n_experts)
         self.experts = np.flatnonzero(counts).astype(np.int64)  # the experts chosen at all
         self.starts = np.concatenate([[0], np.cumsum(counts[self.experts])]).astype(np.int64)
@@ -358,13 +361,10 @@ class ExpertPlan:
     def combine(self, y: np.ndarray) -> np.ndarray:
         """The rows' outputs from the experts' y [rows * top_k, hidden] (group order): each row's
         choices weighted and added in rank order, one row at a time."""
-        rows, top_k = self.chosen.shape
-        by_choice = np.empty_like(y)
-        by_choice[self.order] = y
-        by_choice = by_choice.reshape(rows, top_k, -1)  # [rows, top_k, hidden]
-        out = self.weights[:, :1] * by_choice[:, 0]
+        top_k = self.chosen.shape[1]
+        out = self.weights[:, :1] * y[self.position[:, 0]]  # [rows, hidden]
         for j in range(1, top_k):
-            out += self.weights[:, j:j + 1] * by_choice[:, j]
+            out += self.weights[:, j:j + 1] * y[self.position[:, j]]
         return out
 
 

@@ -86,7 +86,7 @@ def test_int8_rows_do_not_depend_on_their_batch(backend, name, outliers, monkeyp
     own and multiplied the same way, so a sequence's logits do not depend on how its tokens
     were grouped into steps."""
     monkeypatch.setattr(backend, "int8_activations", True)
-    w = random_blocks(name, 37, width(name, 3), seed=2, readonly=True)
+    w = random_blocks(name, 37, width(name, 4), seed=2, readonly=True)  # 1024: wide enough for the panels
     w.outlier_inputs = outliers
     kept = backend.weight(w)
     x = np.random.default_rng(5).standard_normal((40, w.shape[1]), dtype=np.float32)

@@ -8,7 +8,7 @@ rounding; K-quant experts with int8 activations (simd, pool) are pinned instead 
 reference's own loop over experts run through the same backend's linear (which test_linear pins
 to the dequantised product): the fast path must be those same kernels, row for row, so the two
 agree to rounding, and a row's output does not depend on the rows beside it (decode, a few
-rows, qgemm's panels at 32 and more a group).
+rows, qgemm's panels at 32 rows and more a group).
 """
 
 from __future__ import annotations
@@ -93,14 +93,17 @@ def test_moe_on_quantized_experts(backend, name, rows):
 @pytest.mark.backends(*NUMBA)
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
 def test_a_rows_output_does_not_depend_on_its_batch(backend, name):
-    """Each row alone (decode), and among 80 (two experts: 80 rows a group, qgemm's panels)."""
-    n, hidden, inter = 2, 256, 256
+    """Each row alone (decode), and among 80 (two experts: 80 rows a group; gate and up, rows
+    of 1024, on qgemm's panels, down on k_few)."""
+    n, hidden, inter = 2, 1024, 256
     router, ws = rand(n, hidden, seed=5), experts(n, hidden, inter, seed=21, name=name)
     x = rand(80, hidden, seed=9, scale=0.01)
     together = moe(backend, x, router, ws, 2, True)
     for i in (0, 37, 79):
         alone = moe(backend, x[i:i + 1], router, ws, 2, True)
-        assert_close(alone[0], together[i], tol=1e-5)
+        # float32 order only, but over sums that cancel (random blocks: terms of 1e4, results of
+        # 1e2), so relative to the output's scale the bound is looser than elsewhere
+        assert_close(alone[0], together[i], tol=1e-4)
 
 
 def test_moe_refuses_experts_that_do_not_fit_the_router(backend):

@@ -17,8 +17,8 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   row decoded once for up to four activation rows; the K-quants, as above, in integers
   (qdot.k_few);
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
-  the K-quants with int8 activations take 32 activation rows or more through qgemm.k_gemm
-  instead (two panels of eight weight rows against four activation rows per vpdpbusd step), and
+  the K-quants with int8 activations take 32 activation rows or more (of rows 1024 wide or more)
+  through qgemm.k_gemm instead (two panels of eight weight rows against four activation rows per vpdpbusd step), and
   fewer through qdot.k_few. The integers summed are the same in all three (k_rows, k_few,
   k_gemm); only the float32 order of adding them up differs. Decode, a batch and a prefill then
   compute a row the same way: a sequence's logits do not depend on how its tokens were grouped
@@ -72,6 +72,10 @@ FEW_MAX = 16
 # Activation rows from which qgemm's panels beat qdot.k_few, packing included, for every K-quant
 # with and without remainder rows (bench/RESULTS.md, "K-quant prefill on packed panels").
 GEMM_MIN = 32
+# ... and weight rows from this many columns: on rows of three super-blocks (768, an expert's down
+# projection in Qwen3-30B-A3B) the panels trailed k_few at every row count measured, 0.7-0.8x
+# with remainder rows (bench/RESULTS.md, "Mixtures of experts").
+GEMM_MIN_COLS = 1024
 
 
 # -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
@@ -232,7 +236,7 @@ def _rows_int8(kind, unit_bytes, w, x, xs, xq, out, col, r0, r1):
         _rows(kind, w, x, xs, out, col, r0, r1)
     elif x.shape[0] == 1:
         qdot.k_rows(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
-    elif x.shape[0] >= GEMM_MIN:
+    elif x.shape[0] >= GEMM_MIN and x.shape[1] >= GEMM_MIN_COLS:
         qgemm.k_gemm(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
     else:
         qdot.k_few(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
