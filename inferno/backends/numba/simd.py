@@ -15,7 +15,6 @@ and x @ w_t measured within 2%), so loading converts nothing.
 from __future__ import annotations
 
 import ctypes
-import threading
 
 import numpy as np
 
@@ -107,7 +106,6 @@ class SimdBackend(Backend):
         blas.limit_to_one_thread()  # sgemm on this core only
         jitcache.load_kernels_lazily()  # a warm load skips Numba's compiler set-up
         reuse_freed_activations()
-        self._buffers = threading.local()  # _workspace's
         self._closed = False
 
     def _int8_mode(self, w: QuantTensor) -> int:
@@ -161,25 +159,14 @@ class SimdBackend(Backend):
         plan = ExpertPlan.route(self.linear(x, router), top_k, norm_topk)
         inter, hidden = check_experts(plan.n_experts, gate, up, down)
         check_width(x, gate)
-        n = plan.tokens.size  # rows * top_k, grouped by expert
-        xs = np.take(x, plan.tokens, axis=0, out=self._workspace("moe x", n, x.shape[1]))
-        g, u = self._workspace("moe gate", n, inter), self._workspace("moe up", n, inter)
+        xs = x[plan.tokens]  # [rows * top_k, hidden], grouped by expert
+        n = xs.shape[0]
+        g, u = np.empty((n, inter), np.float32), np.empty((n, inter), np.float32)
         self._experts(gate, up, xs, g, u, plan, max(self._int8_mode(gate), self._int8_mode(up)))
         act = self.silu_mul(g, u)  # [n, inter]
-        y = self._workspace("moe y", n, hidden)
+        y = np.empty((n, hidden), np.float32)
         self._experts(down, None, act, y, np.empty((n, 0), np.float32), plan, self._int8_mode(down))
         return plan.combine(y)
-
-    def _workspace(self, name: str, rows: int, cols: int) -> np.ndarray:
-        """A float32 [rows, cols] buffer kept for the next call (per thread), for what an op
-        holds only while it runs. A prefill's experts gather rows x top_k rows (33 MB at 512 x 8
-        of 2048): above glibc's 32 MiB ceiling every fresh array is mapped anew and page-faults
-        on each 4 KiB it writes, which cost a fifth of the experts' time."""
-        bufs = vars(self._buffers)
-        buf = bufs.get(name)
-        if buf is None or buf.size < rows * cols:
-            buf = bufs[name] = np.empty(rows * cols, np.float32)
-        return buf[:rows * cols].reshape(rows, cols)
 
     def _experts(self, w0, w1, x, out0, out1, plan: ExpertPlan, mode: int) -> None:
         """out0 (and out1) = each of plan's groups of x times its expert's rows of w0 (and w1,
