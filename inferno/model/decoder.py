@@ -144,34 +144,36 @@ class DecoderModel:
         norm once, the chosen experts' share of the stacked experts (top_k of n_expert), and one
         embedding row (a tied lm_head is the embedding, read whole)."""
         nbytes = self.ops.weight_nbytes
-        mats, share = self._matrices()
         embed_row = nbytes(self.embed_tokens) // self.cfg.vocab_size
-        return round(sum(nbytes(m) * share.get(id(m), 1.0) for m in mats)
+        return round(sum(nbytes(m) * share for m, share in self._matrices())
                      + (0 if self.cfg.tie_word_embeddings else embed_row))
 
     def parameters(self) -> tuple[int, int]:
         """(all, active a token): the weights' element count, and what one token multiplies
         (the chosen experts' share of the experts; the embedding counted whole in both, as
         model cards count them)."""
-        mats, share = self._matrices()  # a tied lm_head is the embedding
+        mats = self._matrices()  # a tied lm_head is the embedding
         if not self.cfg.tie_word_embeddings:
-            mats.append(self.embed_tokens)
+            mats.append((self.embed_tokens, 1.0))
         size = lambda m: int(np.prod(m.shape))  # noqa: E731
-        return (sum(size(m) for m in mats),
-                round(sum(size(m) * share.get(id(m), 1.0) for m in mats)))
+        return sum(size(m) for m, _ in mats), round(sum(size(m) * share for m, share in mats))
 
-    def _matrices(self) -> tuple[list, dict]:
-        """Every weight the forward reads but the embedding, and the share of each stacked
-        expert matrix (by id) that one token reads."""
-        mats, share = [self.lm_head, self.norm], {}
+    def _matrices(self) -> list[tuple[object, float]]:
+        """(weight, share one token reads) for every weight the forward reads but the
+        embedding: 1 for all but the stacked experts, top_k / n_expert for those."""
+        moe = self.cfg.experts
+        mats = [(self.lm_head, 1.0), (self.norm, 1.0)]
         for layer in self.layers:
-            mlp = [*layer.gate_up, layer.down_proj] if layer.experts is None else [layer.router, *layer.experts]
-            mats += [*layer.qkv, layer.o_proj, *mlp, layer.attn_norm, layer.mlp_norm, *(layer.qkv_bias or ()),
+            dense = [*layer.qkv, layer.o_proj, layer.attn_norm, layer.mlp_norm, *(layer.qkv_bias or ()),
                      *(n for n in (layer.q_norm, layer.k_norm, layer.post_attn_norm,
                                    layer.post_mlp_norm) if n is not None)]
-            for m in layer.experts or ():
-                share[id(m)] = self.cfg.experts.top_k / self.cfg.experts.count
-        return mats, share
+            if layer.experts is None:
+                dense += [*layer.gate_up, layer.down_proj]
+            else:
+                dense.append(layer.router)
+                mats += [(m, moe.top_k / moe.count) for m in layer.experts]
+            mats += [(m, 1.0) for m in dense]
+        return mats
 
     def forward(self, token_ids, cache: KVCache | None = None, last_only: bool = False):
         """Logits for one sequence's `token_ids`, [n, vocab] (or [1, vocab] with `last_only`), as
