@@ -3,14 +3,16 @@
     python bench/make_qwen3_shape.py                                # 0.6B, bf16 folder
     python bench/make_qwen3_shape.py --size 1.7b --type q4_k_m      # a GGUF, as llama.cpp users have
     python bench/make_qwen3_shape.py --size 8b --type q4_k_m        # 4.7 GB; 16 GB of f16 on the way
-    python bench/make_qwen3_shape.py --moe 30b-a3b --type q4_k_m    # 17 GiB; 57 GiB of f16 on the way
+    python bench/make_qwen3_shape.py --moe 30b-a3b --type q4_k_m    # 17 GiB, from a 2-layer template
     python bench/make_qwen3_shape.py --moe 30b-a3b --layers 8 --type q4_k_m   # the same, 8 layers
 
 Qwen3-0.6B, 1.7B and 8B geometries (layers, heads, hidden, intermediate, vocab 151936, tying,
 q/k norms); `--moe 30b-a3b` is Qwen3-30B-A3B's mixture of experts (48 layers of 128 experts of
 768, 8 a token), and `--layers N` keeps N layers of any shape for quicker runs. `--type bf16` writes a safetensors folder as the releases are; f16, q8_0 and q4_k_m
 write a GGUF: f16 streamed tensor by tensor, then requantised by llama.cpp's own quantizer
-(bench/quantize.py), so the file has the same per-tensor type mix a user's Q4_K_M has. Weights are
+(bench/quantize.py), so the file has the same per-tensor type mix a user's Q4_K_M has. Past two
+layers the quantizer runs on a 2-layer file only, and the layers are copied from it with the types
+llama-quantize gives each (`--via-f16` quantizes the whole f16 file instead). Weights are
 N(0, 0.02), norms 1: the speed of every op is the real model's; the text it writes is noise. The
 tokenizer is a stand-in (benchmarks feed synthetic token ids).
 """
@@ -130,10 +132,9 @@ def random_tensors(shapes: dict, seed: int):
             yield name, rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
 
 
-def write_gguf_f16(path: Path, config: dict, shapes: dict, seed: int) -> None:
-    """A qwen3 GGUF as llama.cpp's converter writes one (norms F32, matrices F16), streamed: the
-    tensor table first (sizes follow from the shapes), then each tensor as it is drawn. The
-    vocabulary is GPT-2's 256 byte tokens plus fillers, enough for llama.cpp and for us."""
+def gguf_writer(path: Path, config: dict, file_type: int):
+    """A GGUFWriter with a qwen3 (or qwen3moe) model's metadata as llama.cpp's converter writes it.
+    The vocabulary is GPT-2's 256 byte tokens plus fillers, enough for llama.cpp and for us."""
     import gguf
 
     c = config
@@ -153,7 +154,9 @@ def write_gguf_f16(path: Path, config: dict, shapes: dict, seed: int) -> None:
         w.add_expert_count(c["num_experts"])
         w.add_expert_used_count(c["num_experts_per_tok"])
         w.add_expert_feed_forward_length(c["moe_intermediate_size"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type(file_type)
+    if file_type != gguf.LlamaFileType.MOSTLY_F16:
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     merges = ["Ġ t", "Ġ a", "i n", "h e"]  # llama.cpp wants some; any will do
     byte_tokens = [chr(b) for b in gguf_byte_alphabet()] + [m.replace(" ", "") for m in merges]
     tokens = byte_tokens + [f"<t{i}>" for i in range(c["vocab_size"] - len(byte_tokens) - 2)]
@@ -165,6 +168,16 @@ def write_gguf_f16(path: Path, config: dict, shapes: dict, seed: int) -> None:
     w.add_token_merges(merges)
     w.add_eos_token_id(len(tokens) - 1)
     w.add_bos_token_id(len(tokens) - 2)
+    return w
+
+
+def write_gguf_f16(path: Path, config: dict, shapes: dict, seed: int) -> None:
+    """A qwen3 GGUF as llama.cpp's converter writes one (norms F32, matrices F16), streamed: the
+    tensor table first (sizes follow from the shapes), then each tensor as it is drawn."""
+    import gguf
+
+    c = config
+    w = gguf_writer(path, c, gguf.LlamaFileType.MOSTLY_F16)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, c["num_hidden_layers"])
     gguf_names = {n: gguf_name(names, n) for n in shapes}
     for name, shape in shapes.items():
@@ -178,6 +191,65 @@ def write_gguf_f16(path: Path, config: dict, shapes: dict, seed: int) -> None:
         w.write_tensor_data(values if values.ndim == 1 or name.endswith("mlp.gate.weight")
                             else values.astype(np.float16))
     w.close()
+
+
+# Quantized files of more layers than this are assembled from a quantized file of this many.
+TEMPLATE_LAYERS = 2
+
+
+def more_bits(i: int, n: int) -> bool:
+    """llama-quant.cpp's use_more_bits: the layers where Q4_K_M gives attn_v and ffn_down Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def write_gguf_from_template(out: Path, config: dict, qtype: str, seed: int) -> None:
+    """A quantized GGUF of many layers without its f16 on the way (57 GiB for the 30B-A3B shape):
+    llama.cpp's quantizer makes a 2-layer file of the same shape, and each layer of `out` copies
+    the template layer whose tensor types llama-quantize gives it (Q4_K_M's `use_more_bits` is
+    False on template layer 0 and True on layer 1), its rows shuffled so no two layers are
+    alike. The embedding, head and the types of every tensor are what llama-quantize writes for
+    the whole file; the weights are its quantization of N(0, 0.02) rows."""
+    import gguf
+    from quantize import quantize  # bench/quantize.py, beside this script
+
+    n = config["num_hidden_layers"]
+    small = {**config, "num_hidden_layers": TEMPLATE_LAYERS}
+    f16 = out.with_name(out.name + ".template.f16.tmp")
+    small_q = out.with_name(out.name + ".template.tmp")
+    try:
+        write_gguf_f16(f16, small, tensor_shapes(small), seed)
+        quantize(f16, small_q, qtype)
+        f16.unlink()
+        reader = gguf.GGUFReader(small_q)
+        template = {t.name: t for t in reader.tensors}
+        file_type = int(reader.fields["general.file_type"].contents())
+
+        def source(name: str):
+            if not name.startswith("blk."):
+                return template[name]
+            _, i, rest = name.split(".", 2)
+            return template[f"blk.{int(more_bits(int(i), n))}.{rest}"]
+
+        names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, n)
+        order = [gguf_name(names, name) for name in tensor_shapes(config)]
+        w = gguf_writer(out, config, file_type)
+        for name in order:
+            t = source(name)
+            w.add_tensor_info(name, t.data.shape, t.data.dtype, t.data.nbytes, raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        rng = np.random.default_rng(seed + 1)
+        for name in order:
+            data = source(name).data
+            if name.startswith("blk.") and data.ndim > 1:
+                rows = data.reshape(-1, data.shape[-1])
+                data = rows[rng.permutation(len(rows))].reshape(data.shape)
+            w.write_tensor_data(data)
+        w.close()
+    finally:
+        f16.unlink(missing_ok=True)
+        small_q.unlink(missing_ok=True)
 
 
 def gguf_byte_alphabet() -> list[int]:
@@ -210,6 +282,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help=f"where to write (default: {BENCH_DIR}/qwen3-SIZE-shape[.TYPE.gguf])")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--via-f16", action="store_true",
+                   help="quantize the whole file from f16 (needs its f16 on disk) rather than "
+                        f"assemble it from a {TEMPLATE_LAYERS}-layer quantized file")
     args = p.parse_args(argv)
     config = {**CONFIG, **(MOE[args.moe] if args.moe else SIZES[args.size])}
     if args.moe and args.type == "bf16":
@@ -222,13 +297,16 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     shapes = tensor_shapes(config)
     params = sum(int(np.prod(s)) for s in shapes.values())
-    if args.moe:
+    if args.moe and args.via_f16:
         print(f"{params / 1e9:.1f} B parameters: about {params * 2 / 2**30:.0f} GiB of f16 on the way")
     if args.type == "bf16":
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(config, indent=2))
         write_tokenizer(out)
         write_safetensors(out / "model.safetensors", shapes, args.seed)
+    elif args.type != "f16" and config["num_hidden_layers"] > TEMPLATE_LAYERS and not args.via_f16:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_gguf_from_template(out, config, args.type, args.seed)
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
         f16 = out if args.type == "f16" else out.with_name(out.name + ".f16.tmp")

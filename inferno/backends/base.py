@@ -338,13 +338,21 @@ class ExpertPlan:
         self.starts = np.concatenate([[0], np.cumsum(counts[self.experts])]).astype(np.int64)
 
     @classmethod
+    def of(cls, n_experts: int, weights, chosen, order, position, experts, starts) -> "ExpertPlan":
+        """A plan from the arrays __init__ makes, computed elsewhere (a fast backend's routing)."""
+        plan = cls.__new__(cls)
+        plan.weights, plan.chosen, plan.n_experts = weights, chosen, n_experts
+        plan.order, plan.tokens, plan.position = order, order // chosen.shape[1], position
+        plan.experts, plan.starts = experts, starts
+        return plan
+
+    @classmethod
     def route(cls, logits: np.ndarray, top_k: int, norm_topk: bool) -> "ExpertPlan":
         """Route rows by their router logits [rows, n_experts]: softmax in float32 over every
         expert, the top_k largest (the lower expert first on a tie), renormalised if asked."""
         logits = np.asarray(logits, dtype=np.float32)
         n_experts = logits.shape[1]
-        if not 1 <= top_k <= n_experts:
-            raise ValueError(f"top_k must be between 1 and the {n_experts} experts, got {top_k}")
+        check_top_k(top_k, n_experts)
         p = np.exp(logits - logits.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         chosen = np.argsort(-p, axis=1, kind="stable")[:, :top_k]  # [rows, top_k]
@@ -366,6 +374,11 @@ class ExpertPlan:
         for j in range(1, top_k):
             out += self.weights[:, j:j + 1] * y[self.position[:, j]]
         return out
+
+
+def check_top_k(top_k: int, n_experts: int) -> None:
+    if not 1 <= top_k <= n_experts:
+        raise ValueError(f"top_k must be between 1 and the {n_experts} experts, got {top_k}")
 
 
 def expert_rows(w, e: int, n: int):

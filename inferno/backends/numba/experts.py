@@ -34,6 +34,75 @@ NO_ROWS = np.empty((0, 0), np.uint8)  # the second weight of a call with one (an
 NO_ROWS.flags.writeable = False
 
 
+def second_weight(w0, w1):
+    """(kind, blocks) of a call's second weight: w1's, or none (NO_ROWS, of w0's kind, so the
+    call compiles for one kind pair) when w0 goes alone."""
+    return (WeightKind.of(w0), NO_ROWS) if w1 is None else (WeightKind.of(w1), w1.data)
+
+
+# The plan's arithmetic keeps IEEE order (no fastmath): it is the reference's, op for op.
+exact = nb.njit(cache=True, nogil=True)
+
+
+@exact
+def route(logits, top_k, norm_topk):
+    """base.ExpertPlan.route and the plan's arrays in one call (a decode step's routing in
+    numpy took ~100 us a layer, most of it per-call costs): the softmax in float32, the top_k
+    (the lower expert first on a tie), renormalised if asked; then the assignments grouped by
+    expert, a counting sort that keeps row order within a group as the stable argsort does.
+    (weights, chosen, order, position, experts, starts)."""
+    rows, n = logits.shape
+    weights = np.empty((rows, top_k), np.float32)
+    chosen = np.empty((rows, top_k), np.int64)
+    p = np.empty(n, np.float32)
+    for r in range(rows):
+        top = logits[r].max()
+        for e in range(n):
+            p[e] = np.exp(logits[r, e] - top)
+        p /= p.sum()
+        best = np.argsort(-p, kind="mergesort")[:top_k]
+        total = np.float32(0)
+        for j in range(top_k):
+            chosen[r, j] = best[j]
+            weights[r, j] = p[best[j]]
+            total += p[best[j]]
+        if norm_topk:
+            for j in range(top_k):
+                weights[r, j] /= total
+    counts = np.zeros(n, np.int64)
+    for a in range(rows * top_k):
+        counts[chosen[a // top_k, a % top_k]] += 1
+    first = np.zeros(n + 1, np.int64)  # each expert's first group position
+    for e in range(n):
+        first[e + 1] = first[e] + counts[e]
+    order = np.empty(rows * top_k, np.int64)
+    position = np.empty((rows, top_k), np.int64)
+    for a in range(rows * top_k):
+        e = chosen[a // top_k, a % top_k]
+        order[first[e]] = a
+        position[a // top_k, a % top_k] = first[e]
+        first[e] += 1
+    used = np.flatnonzero(counts)
+    starts = np.zeros(used.size + 1, np.int64)
+    for g in range(used.size):
+        starts[g + 1] = starts[g] + counts[used[g]]
+    return weights, chosen, order, position, used, starts
+
+
+@exact
+def combine(y, weights, position):
+    """base.ExpertPlan.combine: each row's choices weighted and added in rank order."""
+    rows, top_k = weights.shape
+    out = np.empty((rows, y.shape[1]), np.float32)
+    for r in range(rows):
+        for c in range(y.shape[1]):
+            out[r, c] = weights[r, 0] * y[position[r, 0], c]
+        for j in range(1, top_k):
+            for c in range(y.shape[1]):
+                out[r, c] += weights[r, j] * y[position[r, j], c]
+    return out
+
+
 @jit
 def _rows_of(xq, a, b):
     """Rows a..b of quantized activations (arrays of no rows stay so)."""

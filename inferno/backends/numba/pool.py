@@ -268,7 +268,7 @@ class PoolBackend(SimdBackend):
         if self.threads == 1 or work < self.parallel_min_elements:
             return super()._experts(w0, w1, x, out0, out1, plan, mode)
         k0 = WeightKind.of(w0)
-        k1, d1 = (k0, NO_ROWS) if w1 is None else (WeightKind.of(w1), w1.data)
+        k1, d1 = E.second_weight(w0, w1)
         self._launch(E.experts_par_for(k0, k1), w0.data, d1, x, out0, out1, plan.starts,
                      plan.experts, prefill_tile(w0.shape[1]), self.threads, mode)
 

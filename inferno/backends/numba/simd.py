@@ -26,7 +26,7 @@ from inferno.backends.numba import kv_kernels as KV
 from inferno.backends.numba import qkernels as Q
 from inferno.backends.numba import experts as E
 from inferno.backends.base import (Backend, ExpertPlan, check_decode, check_experts, check_prefill,
-                                   score_scale)
+                                   check_top_k, score_scale)
 from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba.ilanes import fast_int_dot
 from inferno.formats.quant import QuantTensor
@@ -149,14 +149,17 @@ class SimdBackend(Backend):
         return out
 
     def moe(self, x, router, experts, top_k: int, norm_topk: bool):
-        """The reference's plan (base.ExpertPlan), its experts' matrices multiplied in two calls
-        for the whole step (experts.py): gate and up, then down. Float32 experts take the
+        """The reference's plan (base.ExpertPlan, routed and combined in experts.py's jitted
+        copies of its arithmetic), its experts' matrices multiplied in two calls for the whole
+        step (experts.py): gate and up, then down. Float32 experts take the
         reference's loop over experts (sgemm and matvec per expert)."""
         if not all(isinstance(w, QuantTensor) for w in experts):
             return super().moe(x, router, experts, top_k, norm_topk)
         gate, up, down = experts
         x = contiguous(x)
-        plan = ExpertPlan.route(self.linear(x, router), top_k, norm_topk)
+        logits = self.linear(x, router)  # [rows, n_experts]
+        check_top_k(top_k, logits.shape[1])
+        plan = ExpertPlan.of(logits.shape[1], *E.route(logits, top_k, norm_topk))
         inter, hidden = check_experts(plan.n_experts, gate, up, down)
         check_width(x, gate)
         xs = x[plan.tokens]  # [rows * top_k, hidden], grouped by expert
@@ -166,13 +169,13 @@ class SimdBackend(Backend):
         act = self.silu_mul(g, u)  # [n, inter]
         y = np.empty((n, hidden), np.float32)
         self._experts(down, None, act, y, np.empty((n, 0), np.float32), plan, self._int8_mode(down))
-        return plan.combine(y)
+        return E.combine(y, plan.weights, plan.position)
 
     def _experts(self, w0, w1, x, out0, out1, plan: ExpertPlan, mode: int) -> None:
         """out0 (and out1) = each of plan's groups of x times its expert's rows of w0 (and w1,
         unless None), in one call on this core."""
         k0 = WeightKind.of(w0)
-        k1, d1 = (k0, E.NO_ROWS) if w1 is None else (WeightKind.of(w1), w1.data)
+        k1, d1 = E.second_weight(w0, w1)
         E.experts_for(k0, k1)(w0.data, d1, x, out0, out1, plan.starts, plan.experts,
                               prefill_tile(w0.shape[1]), mode)
 
