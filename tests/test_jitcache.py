@@ -42,13 +42,15 @@ def test_warm_load_skips_numbas_compiler_set_up(backend):
     first = fresh_process(path, backend)  # whatever was not in the cache is compiled and saved now
     warm = fresh_process(path, backend)
     assert warm["registries"] == []  # nothing compiled, and Numba's registries never loaded
-    assert warm["logits"] == first["logits"] and warm["text"] == first["text"]  # bit for bit
-    # This process has run the whole suite (other backends alive, torch's libraries loaded), and
-    # its logits once differed from a fresh process's by 2e-6 of their size (float32 order):
-    # the same answers, within rounding.
+    # The same answers within float32 rounding, not bit for bit: after a cold suite the first
+    # process's pool logits differed from the warm one's by 7e-7 of their size, and this process
+    # (the whole suite run in it, other backends alive, torch's libraries loaded) by 1e-5. A
+    # wrong kernel from the cache moves them by far more than 1e-4.
+    assert warm["text"] == first["text"]
+    np.testing.assert_allclose(warm["logits"], first["logits"], rtol=1e-4)
     here = inferno.load(str(path), backend, progress=False)
     assert warm["text"] == here.generate("What is the capital of France?", max_tokens=12, temperature=0).text
-    np.testing.assert_allclose(warm["logits"], here.logits([1, 2, 3, 4, 5])[-1, :8], rtol=1e-5)
+    np.testing.assert_allclose(warm["logits"], here.logits([1, 2, 3, 4, 5])[-1, :8], rtol=1e-4)
     assert "Paris" in warm["text"]
     here.close()
 
