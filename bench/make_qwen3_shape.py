@@ -2,7 +2,7 @@
 
     python bench/make_qwen3_shape.py                                # 0.6B, bf16 folder
     python bench/make_qwen3_shape.py --size 1.7b --type q4_k_m      # a GGUF, as llama.cpp users have
-    python bench/make_qwen3_shape.py --size 8b --type q4_k_m        # 4.7 GB; 16 GB of f16 on the way
+    python bench/make_qwen3_shape.py --size 8b --type q4_k_m        # 4.7 GB, from a 2-layer template
     python bench/make_qwen3_shape.py --moe 30b-a3b --type q4_k_m    # 17 GiB, from a 2-layer template
     python bench/make_qwen3_shape.py --moe 30b-a3b --layers 8 --type q4_k_m   # the same, 8 layers
 
