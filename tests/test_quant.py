@@ -200,3 +200,21 @@ def test_a_folder_quantized_at_load(tmp_path, qtype, capsys):
     assert np.abs(got - ref.logits(ids)).max() > 1e-3  # and the weights did change
     with pytest.raises(InfernoError, match="weights must be one of"):
         inferno.load(folder, weights="q2_k", progress=False)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_heavy_tailed_inputs_are_marked(tmp_path, tied):
+    """The weights whose inputs carry outliers take a remainder row with int8 activations
+    (decoder.heavy_tailed_inputs): o_proj, down_proj and the head, tied to the embedding or
+    not (one int8 row on SmolLM2's head changed its greedy answers); the others keep one row."""
+    from tiny import make_model
+
+    import inferno
+
+    folder = make_model(tmp_path / "m", "llama", hidden=64, heads=4, kv_heads=2, intermediate=96,
+                        tied=tied)
+    m = inferno.load(folder, backend="cpu", weights="q8_0", progress=False).model
+    assert m.lm_head.outlier_inputs and (m.lm_head is m.embed_tokens) == tied
+    for layer in m.layers:
+        assert layer.o_proj.outlier_inputs and layer.down_proj.outlier_inputs
+        assert not any(w.outlier_inputs for w in layer.qkv + layer.gate_up)

@@ -46,6 +46,18 @@ class Segment:
     logits: bool = True
 
 
+def heavy_tailed_inputs(t):
+    """t, marked as a linear weight whose inputs are heavy-tailed: the attention's output, the
+    MLP's gated product, and the final norm's output that the head takes. int8 activations take
+    a remainder row for these (Q8_0: float32 ones): with one row the logits of Gemma 3 moved by
+    4.9e-2 of their range, by 1.3e-2 with the remainder row on down_proj alone, and as little as
+    with float32 ones with it on both; a head (SmolLM2's and Gemma's, Q8_0) multiplied with one
+    int8 row moved them by 3e-2 more (bench/RESULTS.md). The other matrices keep one row."""
+    if isinstance(t, QuantTensor):
+        t.outlier_inputs = True
+    return t
+
+
 class Layer:
     """One decoder block's weights, as backend tensors; an absent piece is None."""
 
@@ -57,15 +69,7 @@ class Layer:
         norm = lambda name: ops.from_numpy(np.asarray(tensors.pop(p + name), np.float32))  # noqa: E731
 
         def outliers_in(name):
-            """A linear weight whose inputs are heavy-tailed: the attention's output and the
-            MLP's gated product. int8 activations take a remainder row for these: with one row
-            the logits of Gemma 3 moved by 4.9e-2 of their range, by 1.3e-2 with the remainder
-            row on down_proj alone, and as little as with float32 ones with it on both
-            (bench/RESULTS.md); the other matrices keep one row."""
-            t = tensors.pop(p + name)
-            if isinstance(t, QuantTensor):
-                t.outlier_inputs = True
-            return ops.weight(t)
+            return ops.weight(heavy_tailed_inputs(tensors.pop(p + name)))
 
         self.window = cfg.window(i)  # keys in the sliding window; 0: global attention
         self.attn_norm = norm("input_layernorm.weight")  # [hidden]
@@ -123,8 +127,11 @@ class DecoderModel:
         check_weights(cfg, tensors)
         fam = cfg.family
         embed = tensors.pop("model.embed_tokens.weight")  # [vocab, hidden]
+        if cfg.tie_word_embeddings:  # the head's inputs; a lookup of rows takes no activations
+            embed = heavy_tailed_inputs(embed)
         self.embed_tokens = ops.weight(embed)
-        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else ops.weight(tensors.pop("lm_head.weight"))
+        self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
+                        else ops.weight(heavy_tailed_inputs(tensors.pop("lm_head.weight"))))
         # Gemma scales embeddings by sqrt(hidden), rounded to the embedding's dtype (float32 here).
         self.embed_scale = float(np.float32(math.sqrt(cfg.hidden_size))) if fam.scaled_embedding else None
         self.layers = [Layer(ops, cfg, tensors, i) for i in range(cfg.num_hidden_layers)]

@@ -89,10 +89,10 @@ def test_int8_rows_do_not_depend_on_their_batch(backend, name, outliers, monkeyp
     w = random_blocks(name, 37, width(name, 4), seed=2, readonly=True)  # 1024: wide enough for the panels
     w.outlier_inputs = outliers
     kept = backend.weight(w)
-    x = np.random.default_rng(5).standard_normal((40, w.shape[1]), dtype=np.float32)
+    x = np.random.default_rng(5).standard_normal((100, w.shape[1]), dtype=np.float32)
     alone = np.concatenate([backend.linear(x[b:b + 1], kept) for b in range(len(x))])
     scale = np.abs(x) @ np.abs(w.dequantize()).T
-    for batch in (2, 5, 16, 40):
+    for batch in (2, 5, 16, 40, 100):  # 100: quantized on every thread (PAR_ACTIVATIONS)
         got = backend.linear(x[:batch], kept)
         assert (np.abs(got - alone[:batch]) <= 1e-6 * scale[:batch]).all(), batch
 

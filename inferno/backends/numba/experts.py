@@ -25,8 +25,8 @@ import numpy as np
 from inferno.backends.numba import jitcache, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dense import FAST
-from inferno.backends.numba.qkernels import (FEW_MAX, activations, chunk_start, int_dot, prefill_rows,
-                                             rows_kernel)
+from inferno.backends.numba.qkernels import (FEW_MAX, activations, activations_par, chunk_start, int_dot,
+                                             prefill_rows, rows_kernel)
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 
@@ -155,7 +155,7 @@ def experts(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, mode):
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
 def experts_par(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, chunks, mode):
     """`experts`, each expert's rows cut into `chunks`, all the jobs in one launch."""
-    xs, xq = _inputs(k0, k1, x, mode)
+    xs, xq = activations_par(x, mode if int_dot(k0) or int_dot(k1) else 0, chunks)
     for job in nb.prange(ids.shape[0] * chunks):
         _job(k0, k1, w0, w1, x, xs, xq, out0, out1, starts, ids, job, chunks, tile)
 

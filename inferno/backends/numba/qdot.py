@@ -77,17 +77,17 @@ def empty():
 
 
 @jit
-def quantize_rows(x, x8, r8, dx, dr, s16):
-    """x [B, n] (n a multiple of 32) as int8 rows with a scale per unit of 256 values (the last
+def quantize_rows(x, x8, r8, dx, dr, s16, b0, b1):
+    """Rows b0..b1 of x [B, n] (n a multiple of 32) as int8 rows with a scale per unit of 256 values (the last
     unit of a row may be shorter): x ~ dx * x8 + dr * r8, x8 = round(x / dx) with dx = max|x| /
     127 over the unit (ggml's Q8_K), and r8 the same of what that leaves, x - dx * x8 (at most
     dx / 2 a value). Without a remainder (dr of no rows) only x8 is written. s16 [B, n / 16]:
     the sums of the dequantized activations over each run of 16 (sums of integers times the
     scales, so exact up to one rounding each)."""
-    B, n = x.shape
+    n = x.shape[1]
     two = dr.shape[0] > 0
     res = np.empty(QK, np.float32)
-    for b in range(B):
+    for b in range(b0, b1):
         for u in range(dx.shape[1]):
             o = b * n + QK * u
             runs = min(QK, n - QK * u) // 16
@@ -118,16 +118,21 @@ def quantize_rows(x, x8, r8, dx, dr, s16):
 
 
 @jit
+def buffers(B, n, two):
+    """Room for B rows of n activations quantized: (x8, r8, dx, dr, s16), quantize_rows' arrays
+    (r8 and dr of no rows unless two)."""
+    units = (n + QK - 1) // QK
+    m = B if two else 0
+    return (np.empty((B, n), np.int8), np.empty((m, n), np.int8), np.empty((B, units), np.float32),
+            np.empty((m, units), np.float32), np.empty((B, n // 16), np.float32))
+
+
+@jit
 def quantize(x, two):
     """x [B, n] -> (x8, r8, dx, dr, s16) as quantize_rows writes them (r8 and dr of no rows
     unless two)."""
-    B, n = x.shape
-    units = (n + QK - 1) // QK
-    m = B if two else 0
-    x8, r8 = np.empty((B, n), np.int8), np.empty((m, n), np.int8)
-    dx, dr = np.empty((B, units), np.float32), np.empty((m, units), np.float32)
-    s16 = np.empty((B, n // 16), np.float32)
-    quantize_rows(x, x8, r8, dx, dr, s16)
+    x8, r8, dx, dr, s16 = buffers(x.shape[0], x.shape[1], two)
+    quantize_rows(x, x8, r8, dx, dr, s16, 0, x.shape[0])
     return x8, r8, dx, dr, s16
 
 

@@ -76,6 +76,10 @@ GEMM_MIN = 32
 # projection in Qwen3-30B-A3B) the panels trailed k_few at every row count measured, 0.7-0.8x
 # with remainder rows (bench/RESULTS.md, "Mixtures of experts").
 GEMM_MIN_COLS = 1024
+# Activation rows from which the parallel drivers quantize them on every thread (a prefill's 512
+# rows took 0.3-2 ms a call on one, serial before each product; a decode row stays on one thread,
+# where a second launch would cost more than it saves).
+PAR_ACTIVATIONS = 64
 
 
 # -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
@@ -156,9 +160,10 @@ def unit_q(kind, f, o, j):
 
 
 @jit
-def group_sums(x, xs):
-    """xs[b, g] = sum of x[b, 32g:32g + 32]: the factor of every group's offset m."""
-    for b in range(x.shape[0]):
+def group_sums(x, xs, b0, b1):
+    """xs[b, g] = sum of x[b, 32g:32g + 32] for rows b0..b1: the factor of every group's offset
+    m."""
+    for b in range(b0, b1):
         for g in range(xs.shape[1]):
             xs[b, g] = vsum(vadd(vload(x, b * x.shape[1] + 32 * g), vload(x, b * x.shape[1] + 32 * g + 16)))
 
@@ -175,10 +180,23 @@ def activations(x, xs, mode):
     """What the row kernels take besides x: its group sums into xs, and for mode 1 or 2 x's rows
     as one or two int8 rows each (qdot.quantize; mode 0: qdot.empty(), the kernels keep
     float32)."""
-    group_sums(x, xs)
-    if mode > 0:
-        return qdot.quantize(x, mode == 2)
-    return qdot.empty()
+    xq = activation_buffers(x, mode)
+    activation_rows(x, xs, xq, 0, x.shape[0])
+    return xq
+
+
+@jit
+def activation_buffers(x, mode):
+    """Room for what `activations` returns, unwritten."""
+    return qdot.buffers(x.shape[0], x.shape[1], mode == 2) if mode > 0 else qdot.empty()
+
+
+@jit
+def activation_rows(x, xs, xq, b0, b1):
+    """`activations` for rows b0..b1 of x, into xs and xq (activation_buffers)."""
+    group_sums(x, xs, b0, b1)
+    if xq[0].shape[0] > 0:
+        qdot.quantize_rows(x, xq[0], xq[1], xq[2], xq[3], xq[4], b0, b1)
 
 
 def rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
@@ -448,6 +466,21 @@ def chunk_start(n, c, chunks, align):
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
+def activations_par(x, mode, chunks):
+    """(xs, xq) as `activations` makes them, the rows split across the team when there are
+    enough of them (PAR_ACTIVATIONS)."""
+    B = x.shape[0]
+    xs = np.empty((B, x.shape[1] // 32), np.float32)
+    xq = activation_buffers(x, mode)
+    if B >= PAR_ACTIVATIONS:
+        for c in nb.prange(chunks):
+            activation_rows(x, xs, xq, chunk_start(B, c, chunks, 1), chunk_start(B, c + 1, chunks, 1))
+    else:
+        activation_rows(x, xs, xq, 0, B)
+    return xs, xq
+
+
+@nb.njit(parallel=True, cache=True, fastmath=FAST)
 def linear_par(kind, w, x, out, tile, chunks, mode):
     """`linear`, its rows split into `chunks` ranges, each on a thread of the team."""
     B, rows, n = x.shape[0], w.shape[0], x.shape[1]
@@ -458,8 +491,7 @@ def linear_par(kind, w, x, out, tile, chunks, mode):
             t0, t1 = chunk_start(tiles, c, chunks, 1), chunk_start(tiles, c + 1, chunks, 1)
             prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch[c])
         return
-    xs = np.empty((B, n // 32), np.float32)
-    xq = activations(x, xs, mode if int_dot(kind) else 0)
+    xs, xq = activations_par(x, mode if int_dot(kind) else 0, chunks)
     for c in nb.prange(chunks):  # whole pairs of qgemm's panels where they fit
         rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, 2 * qgemm.P),
                     chunk_start(rows, c + 1, chunks, 2 * qgemm.P))
@@ -471,9 +503,7 @@ def linear_many_par(k0, k1, k2, ws, x, out, chunks, mode):
     B <= FEW_MAX rows of x: the three weights' rows (kinds k0, k1, k2), taken end to end as one
     range, split into `chunks` pieces (a piece may span two weights). The weights may differ in
     kind and rows; they share cols, so a row costs about the same in any."""
-    B, n = x.shape[0], x.shape[1]
-    xs = np.empty((B, n // 32), np.float32)
-    xq = activations(x, xs, mode if int_dot(k0) or int_dot(k1) or int_dot(k2) else 0)
+    xs, xq = activations_par(x, mode if int_dot(k0) or int_dot(k1) or int_dot(k2) else 0, chunks)
     total = out.shape[1]
     for c in nb.prange(chunks):
         lo, hi = chunk_start(total, c, chunks, 2), chunk_start(total, c + 1, chunks, 2)
