@@ -49,10 +49,10 @@ class Segment:
 def heavy_tailed_inputs(t):
     """t, marked as a linear weight whose inputs are heavy-tailed: the attention's output, the
     MLP's gated product, and the final norm's output that the head takes. int8 activations take
-    a remainder row for these (Q8_0: float32 ones): with one row the logits of Gemma 3 moved by
-    4.9e-2 of their range, by 1.3e-2 with the remainder row on down_proj alone, and as little as
-    with float32 ones with it on both; a head (SmolLM2's and Gemma's, Q8_0) multiplied with one
-    int8 row moved them by 3e-2 more (bench/RESULTS.md). The other matrices keep one row."""
+    a remainder row for these: with one row the logits of Gemma 3 moved by 4.9e-2 of their
+    range, by 1.3e-2 with the remainder row on down_proj alone, and as little as with float32
+    ones with it on both; SmolLM2's head alone, multiplied with one int8 row, moved them by
+    3.2e-2 and changed its greedy answers (bench/RESULTS.md). The other matrices keep one row."""
     if isinstance(t, QuantTensor):
         t.outlier_inputs = True
     return t

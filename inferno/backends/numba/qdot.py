@@ -78,12 +78,12 @@ def empty():
 
 @jit
 def quantize_rows(x, x8, r8, dx, dr, s16, b0, b1):
-    """Rows b0..b1 of x [B, n] (n a multiple of 32) as int8 rows with a scale per unit of 256 values (the last
-    unit of a row may be shorter): x ~ dx * x8 + dr * r8, x8 = round(x / dx) with dx = max|x| /
-    127 over the unit (ggml's Q8_K), and r8 the same of what that leaves, x - dx * x8 (at most
-    dx / 2 a value). Without a remainder (dr of no rows) only x8 is written. s16 [B, n / 16]:
-    the sums of the dequantized activations over each run of 16 (sums of integers times the
-    scales, so exact up to one rounding each)."""
+    """Rows b0..b1 of x [B, n] (n a multiple of 32) as int8 rows with a scale per unit of 256
+    values (the last unit of a row may be shorter): x ~ dx * x8 + dr * r8, x8 = round(x / dx)
+    with dx = max|x| / 127 over the unit (ggml's Q8_K), and r8 the same of what that leaves,
+    x - dx * x8 (at most dx / 2 a value). Without a remainder (dr of no rows) only x8 is
+    written. s16 [B, n / 16]: the sums of the dequantized activations over each run of 16 (sums
+    of integers times the scales, so exact up to one rounding each)."""
     n = x.shape[1]
     two = dr.shape[0] > 0
     res = np.empty(QK, np.float32)
