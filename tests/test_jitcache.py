@@ -80,6 +80,41 @@ def test_a_miss_says_once_that_kernels_compile(monkeypatch, capsys):
     assert err.count("\n") == 1 and err.startswith("note: compiling inferno's kernels for this CPU and these weight types, once")
 
 
+class ImportingMeanwhile(dict):
+    """A dict that gains an entry while it is being walked, as sys.modules does when another
+    thread imports (and a module's namespace while it is being imported): walking it live
+    raises "dictionary changed size during iteration", as it did in CI."""
+
+    def items(self):
+        for i, item in enumerate(dict.items(self)):
+            if i == 1:
+                self[f"inferno.backends.imported_meanwhile_{len(self)}"] = None
+            yield item
+
+    def values(self):
+        return (value for _, value in self.items())
+
+
+class FakeModule:
+    pass
+
+
+def test_kernels_are_found_while_other_threads_import(monkeypatch):
+    """load_kernels_lazily walks copies of sys.modules and of each module's namespace: the
+    server loads its model on a thread of its own while others import, and walking the live
+    dicts failed CI twice."""
+    import types
+    from inferno.backends.numba import qkernels
+    module = FakeModule()
+    module.__dict__ = ImportingMeanwhile(kernel=qkernels.embed_par, other=1)
+    modules = ImportingMeanwhile(sys.modules, **{"inferno.backends.fake": module})
+    with pytest.raises(RuntimeError, match="changed size"):
+        list(ImportingMeanwhile(modules).items())  # what walking the live dict does
+    monkeypatch.setattr(jitcache, "sys", types.SimpleNamespace(modules=modules))
+    jitcache.load_kernels_lazily()
+    assert "load_overload" in vars(qkernels.embed_par._cache)  # and the kernels have their loader
+
+
 NO_COMPILE = """
 import gc, json, sys
 import inferno

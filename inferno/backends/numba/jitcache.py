@@ -176,8 +176,13 @@ def lazy(dispatcher):
 
 def load_kernels_lazily(package: str = "inferno.backends") -> int:
     """Give every cached Numba kernel defined in `package`'s imported modules the loader above;
-    the number of kernels changed (0 once done, or where Numba's internals differ)."""
+    the number of kernels changed (0 once done, or where Numba's internals differ).
+
+    It walks copies of sys.modules and of each module's namespace, each taken in one step: the
+    server loads its model on a thread of its own while others import, and walking the live
+    dicts (list(sys.modules.items()), whose building can run other threads' code) failed CI
+    twice with "dictionary changed size during iteration"."""
     return sum(_give_loader(value)
-               for name, module in list(sys.modules.items())
+               for name, module in sys.modules.copy().items()
                if module is not None and (name == package or name.startswith(package + "."))
-               for value in list(vars(module).values()))
+               for value in vars(module).copy().values())
