@@ -6,6 +6,8 @@ The ceiling a quantized GEMM is measured against (issue 20 asks for each kernel'
 it). One Numba loop keeps 8 accumulators of eight int32 lanes busy with ilanes.dpbusd: 32 byte
 products summed into int32 per instruction (VNNI's vpdpbusd where the CPU has AVX512-VNNI with
 VL or AVX-VNNI; else AVX2's vpmaddubsw + vpmaddwd + vpaddd, what llama.cpp's AVX2 kernels run).
+Without VNNI a second loop sums the same products as qgemm's kernels do there: vpmaddubsw's int16
+pairs added in int16, widened by one vpmaddwd every eight (the ceiling of those kernels).
 The weight bytes stream from a 2 KiB buffer (L1), four loads a pass serving eight products, as
 a register-blocked tile does; the activation bytes sit in registers. A multiply-add counts two
 operations, so the figures read as llama.cpp's "GFLOP/s" of a GEMM. Beside it: the float32 FMA
@@ -32,7 +34,9 @@ import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
 from inferno.backends.numba import ilanes  # noqa: E402
-from inferno.backends.numba.ilanes import bload, dpbusd, fsum8, fzero8, iadd, ifma, izero  # noqa: E402
+from inferno.backends.numba.ilanes import (  # noqa: E402
+    bload, dpbusd, fsum8, fzero8, iadd, ifma, izero, maddubs, maddwd, wadd, wzero,
+)
 from inferno.backends.numba.lanes import vfma, vload, vsum, vzero  # noqa: E402
 
 RING = 2048  # bytes of weights cycled through (in L1)
@@ -54,6 +58,28 @@ def int8_loop(w, x, passes, out):
         a4, a5 = dpbusd(a4, w2, x0), dpbusd(a5, w2, x1)
         a6, a7 = dpbusd(a6, w3, x0), dpbusd(a7, w3, x1)
         o = (o + 128) & (RING - 1)
+    s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
+    out[0] = fsum8(ifma(fzero8(), s, 1.0))
+
+
+@nb.njit(cache=False, nogil=True)
+def wide_loop(w, x, passes, out):
+    """The same products as int8_loop, summed as qgemm's kernels do without VNNI: maddubs' int16
+    pairs added in int16 (vpmaddubsw + vpaddw), widened by one vpmaddwd every 8 passes."""
+    x0, x1 = bload(x, 0), bload(x, 32)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = izero()
+    o = 0
+    for _ in range(passes // 8):
+        h0 = h1 = h2 = h3 = h4 = h5 = h6 = h7 = wzero()
+        for _ in range(8):
+            w0, w1, w2, w3 = bload(w, o), bload(w, o + 32), bload(w, o + 64), bload(w, o + 96)
+            h0, h1 = wadd(h0, maddubs(w0, x0)), wadd(h1, maddubs(w0, x1))
+            h2, h3 = wadd(h2, maddubs(w1, x0)), wadd(h3, maddubs(w1, x1))
+            h4, h5 = wadd(h4, maddubs(w2, x0)), wadd(h5, maddubs(w2, x1))
+            h6, h7 = wadd(h6, maddubs(w3, x0)), wadd(h7, maddubs(w3, x1))
+            o = (o + 128) & (RING - 1)
+        a0, a1, a2, a3 = iadd(a0, maddwd(h0, h0)), iadd(a1, maddwd(h1, h1)), iadd(a2, maddwd(h2, h2)), iadd(a3, maddwd(h3, h3))
+        a4, a5, a6, a7 = iadd(a4, maddwd(h4, h4)), iadd(a5, maddwd(h5, h5)), iadd(a6, maddwd(h6, h6)), iadd(a7, maddwd(h7, h7))
     s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
     out[0] = fsum8(ifma(fzero8(), s, 1.0))
 
@@ -94,6 +120,7 @@ def main() -> None:
     w8, x8 = rng.integers(0, 16, RING, dtype=np.uint8), rng.integers(-128, 128, 96).astype(np.int8).view(np.uint8)
     wf, xf = rng.standard_normal(RING // 4, dtype=np.float32), rng.standard_normal(48, dtype=np.float32)
     t8 = timed(int8_loop, w8, x8, args.passes, args.repeats)
+    tw = timed(wide_loop, w8, x8, args.passes, args.repeats)
     tf = timed(f32_loop, wf, xf, args.passes, args.repeats)
     feats = ilanes.target_features()
     result = {
@@ -103,6 +130,7 @@ def main() -> None:
         ("vpmaddubsw+vpmaddwd" if ilanes.fast_int_dot() else "generic LLVM vectors"),
         "avx512": "avx512f" in feats,
         "int8_gops": INT8_MACS * 2 * args.passes / t8 / 1e9,
+        "int8_int16_sums_gops": INT8_MACS * 2 * (args.passes // 8 * 8) / tw / 1e9,
         "f32_gflops": F32_MACS * 2 * args.passes / tf / 1e9,
     }
     result["int8_over_f32"] = result["int8_gops"] / result["f32_gflops"]
@@ -111,6 +139,7 @@ def main() -> None:
         return
     print(f"{result['cpu']}, one core ({result['int8_instruction']}; 256-bit registers)")
     print(f"  int8 dot products   {result['int8_gops']:8.1f} GOP/s (a multiply-add is 2)")
+    print(f"  int8, int16 sums    {result['int8_int16_sums_gops']:8.1f} GOP/s (vpmaddubsw+vpaddw: qgemm without VNNI)")
     print(f"  float32 FMA         {result['f32_gflops']:8.1f} GFLOP/s")
     print(f"  ratio               {result['int8_over_f32']:8.2f}x")
 

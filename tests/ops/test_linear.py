@@ -131,7 +131,7 @@ import numpy as np
 sys.path.insert(0, {tests!r})
 from qblocks import random_blocks
 from inferno.backends.numba import ilanes, qdot, qgemm
-assert ilanes.fast_int_dot() and not ilanes._vnni()
+assert ilanes.fast_int_dot() and not ilanes._vnni() and qgemm.WIDE
 for name, ub in (("Q4_K", qdot.Q4_K_BYTES), ("Q5_K", qdot.Q5_K_BYTES), ("Q6_K", qdot.Q6_K_BYTES)):
     for two in (False, True):
         w = random_blocks(name, 19, 512, seed=1)
@@ -144,8 +144,10 @@ for name, ub in (("Q4_K", qdot.Q4_K_BYTES), ("Q5_K", qdot.Q5_K_BYTES), ("Q6_K", 
 
 @pytest.mark.backends("simd")
 def test_int8_gemm_without_vnni(backend, tmp_path):
-    """Compiled for an AVX2 machine without VNNI (Numba told so, in a fresh process: dpbusd is
-    then vpmaddubsw + vpmaddwd + add), the kernel gives the same answers."""
+    """Compiled for an AVX2 machine without VNNI (Numba told so, in a fresh process: qgemm.WIDE,
+    int16 sums of vpmaddubsw's pairs), the kernel gives the same answers as this process's build
+    (vpdpbusd where the host has VNNI): the same integer sums, within float32 rounding."""
+    from inferno.backends.numba import qdot, qgemm
     import os
     import subprocess
     import sys
@@ -158,7 +160,12 @@ def test_int8_gemm_without_vnni(backend, tmp_path):
         for two in (False, True):
             w = random_blocks(name, 19, 512, seed=1)
             x = np.random.default_rng(2).standard_normal((9, 512), dtype=np.float32)
-            assert_int8_close(np.load(tmp_path / f"{name}-{two}.npy"), x, w, two)
+            wide = np.load(tmp_path / f"{name}-{two}.npy")
+            assert_int8_close(wide, x, w, two)
+            here = np.empty_like(wide)
+            ub = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}[name]
+            qgemm.k_gemm(ub, w.data, *qdot.quantize(x, two), here, 0, 19)
+            assert (np.abs(wide - here) <= 1e-6 * (np.abs(x) @ np.abs(w.dequantize()).T)).all()
 
 
 @pytest.mark.backends("simd")

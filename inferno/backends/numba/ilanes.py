@@ -280,7 +280,30 @@ def bstore_columns(typingctx, f, o, v0, v1, v2, v3, v4, v5, v6, v7):
     return types.void(f, o, *([i8x32] * 8)), codegen
 
 
-# -- int16 scales --------------------------------------------------------------------------------------
+# -- int16 sums and scales -----------------------------------------------------------------------------
+@intrinsic
+def wzero(typingctx):
+    return i16x16(), lambda context, builder, sig, args: _const(_W, 0)
+
+
+@intrinsic
+def wadd(typingctx, a, b):
+    """a + b in int16 lanes, wrapping (the callers keep their sums within int16)."""
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+    return i16x16(i16x16, i16x16), codegen
+
+
+@intrinsic
+def wdup(typingctx, v):
+    """The low 16 bits of int32 lane i in int16 lanes 2i and 2i + 1: a panel's eight per-row scales
+    as maddwd's second operand against maddubs' pairs (qgemm)."""
+    def codegen(context, builder, sig, args):
+        w = builder.bitcast(args[0], _W)
+        return builder.shuffle_vector(w, w, ir.Constant(ir.VectorType(_I32, 16), [2 * (i // 2) for i in range(16)]))
+    return i16x16(i32x8), codegen
+
+
 @intrinsic
 def wbytes(typingctx, f, o, signed):
     """The 16 bytes f[o:o + 16] as int16 (sign-extended if the literal `signed`, else zero)."""

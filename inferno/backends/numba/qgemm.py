@@ -13,7 +13,8 @@ one float multiply-add. Two panels (sixteen rows) go side by side and four activ
 them (two with the remainder rows, which need registers of their own), so one step is two
 32-byte loads, four 4-byte broadcasts and eight dpbusd: the loads stay below what the cores can
 issue, which one panel at a time (five loads to four dpbusd) was not. Where the machine has no
-VNNI, dpbusd is vpmaddubsw + vpmaddwd + add (ilanes.py): correct everywhere, slower.
+VNNI (`WIDE`), a step is vpmaddubsw + vpaddw into int16 sums, widened and scaled by one vpmaddwd
+per run of steps that cannot overflow (`chunk`): the same integers, so the same results.
 
 The panels are packed as a call needs them, sixteen rows at a time, into scratch that stays in
 L1/L2 while every activation row goes by, as a BLAS packs its panels: the weights stay mapped as
@@ -45,8 +46,8 @@ import numpy as np
 
 from inferno.backends.numba.dense import FAST
 from inferno.backends.numba.ilanes import (
-    bbits, bhigh, bload, bsplat4, bstore_columns, dpbusd, ffma8, fload8, fmul8, fsplat8, fstore8,
-    fzero8, iadd, ifloat, iload, imul, izero,
+    _vnni, bbits, bhigh, bload, bsplat4, bstore_columns, dpbusd, fast_int_dot, ffma8, fload8, fmul8,
+    fsplat8, fstore8, fzero8, iadd, ifloat, iload, imul, izero, maddubs, maddwd, wadd, wdup, wzero,
 )
 from inferno.backends.numba.lanes import f16at
 from inferno.backends.numba.qdot import (
@@ -59,6 +60,8 @@ inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 P = 8  # weight rows per panel: one int32 lane each
 STEPS = QK // 4  # dpbusd steps per super-block
 RUNS = QK // 16  # runs of 16 activations per super-block (qdot's sums)
+# Without VNNI, int16 sums (see `wide_step`), fixed when the kernels compile, as ilanes' choice is.
+WIDE = not (fast_int_dot() and _vnni())
 
 
 @jit
@@ -194,6 +197,39 @@ def step(qa, qb, x8, r8, st, k, two, g):
 
 
 @inline
+def wide_step(qa, qb, x8, r8, st, k, two, h):
+    """As `step`, where the machine has no VNNI: maddubs' pairs of products added in int16, with
+    no vpmaddwd and no int32 add a step (ilanes.dpbusd's three instructions become two, and one
+    multiply); `chunk` says for how many steps the int16 sums cannot overflow."""
+    wa, wb = bload(qa, 32 * st), bload(qb, 32 * st)
+    x = bsplat4(x8, k)
+    a, b, ra, rb = h
+    a, b = wadd(a, maddubs(wa, x)), wadd(b, maddubs(wb, x))
+    if two:
+        y = bsplat4(r8, k)
+        ra, rb = wadd(ra, maddubs(wa, y)), wadd(rb, maddubs(wb, y))
+    return a, b, ra, rb
+
+
+@inline
+def chunk(ub):
+    """Steps whose int16 sums stay below 2^15 with activations in -127..127: a maddubs lane holds
+    two products of at most 127 q, so Q4_K (q <= 15) 8 steps (30,480), Q5_K (31) 4 (31,496), Q6_K
+    (63) 2 (32,004)."""
+    if ub == Q6_K_BYTES:
+        return 2
+    return 4 if ub == Q5_K_BYTES else 8
+
+
+@inline
+def wide_scaled(h, sca, scb, s):
+    """s + int16 sums times their rows' scales (wdup'ed): one vpmaddwd adds each row's two
+    pairs and applies its scale at once."""
+    return (iadd(s[0], maddwd(h[0], sca)), iadd(s[1], maddwd(h[1], scb)),
+            iadd(s[2], maddwd(h[2], sca)), iadd(s[3], maddwd(h[3], scb)))
+
+
+@inline
 def scaled(g, sca, scb, s):
     """s + a group's sums times its rows' scales (the remainder's are zeros without `two`: LLVM
     folds them away)."""
@@ -236,32 +272,53 @@ def panels(ub, rows, two, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n):
     groups = 16 if ub == Q6_K_BYTES else 8
     steps = STEPS // groups
     cols = x8.shape[1]
-    z, fz = izero(), fzero8()
+    z, wz, fz = izero(), wzero(), fzero8()
     f0 = f1 = f2 = f3 = (fz, fz)
     for u in range(units):
         s0 = s1 = s2 = s3 = (z, z, z, z)
         for g in range(groups):
             st0 = STEPS * u + steps * g
             k = b * cols + QK * u + 4 * steps * g
-            g0 = g1 = g2 = g3 = (z, z, z, z)
-            for t in range(steps):
-                g0 = step(qa, qb, x8, r8, st0 + t, k + 4 * t, two, g0)
-                if rows >= 2:
-                    g1 = step(qa, qb, x8, r8, st0 + t, k + cols + 4 * t, two, g1)
-                if rows == 4:
-                    g2 = step(qa, qb, x8, r8, st0 + t, k + 2 * cols + 4 * t, two, g2)
-                    g3 = step(qa, qb, x8, r8, st0 + t, k + 3 * cols + 4 * t, two, g3)
             o = (groups * u + g) * P
             sca, scb, ma, mb = iload(sca_, o), iload(scb_, o), fload8(ma_, o), fload8(mb_, o)
-            s0 = scaled(g0, sca, scb, s0)
+            if WIDE:
+                sca16, scb16 = wdup(sca), wdup(scb)
+                c = chunk(ub)
+                for t0 in range(0, steps, c):
+                    h0 = h1 = h2 = h3 = (wz, wz, wz, wz)
+                    for t in range(t0, t0 + c):
+                        h0 = wide_step(qa, qb, x8, r8, st0 + t, k + 4 * t, two, h0)
+                        if rows >= 2:
+                            h1 = wide_step(qa, qb, x8, r8, st0 + t, k + cols + 4 * t, two, h1)
+                        if rows == 4:
+                            h2 = wide_step(qa, qb, x8, r8, st0 + t, k + 2 * cols + 4 * t, two, h2)
+                            h3 = wide_step(qa, qb, x8, r8, st0 + t, k + 3 * cols + 4 * t, two, h3)
+                    s0 = wide_scaled(h0, sca16, scb16, s0)
+                    if rows >= 2:
+                        s1 = wide_scaled(h1, sca16, scb16, s1)
+                    if rows == 4:
+                        s2 = wide_scaled(h2, sca16, scb16, s2)
+                        s3 = wide_scaled(h3, sca16, scb16, s3)
+            else:
+                g0 = g1 = g2 = g3 = (z, z, z, z)
+                for t in range(steps):
+                    g0 = step(qa, qb, x8, r8, st0 + t, k + 4 * t, two, g0)
+                    if rows >= 2:
+                        g1 = step(qa, qb, x8, r8, st0 + t, k + cols + 4 * t, two, g1)
+                    if rows == 4:
+                        g2 = step(qa, qb, x8, r8, st0 + t, k + 2 * cols + 4 * t, two, g2)
+                        g3 = step(qa, qb, x8, r8, st0 + t, k + 3 * cols + 4 * t, two, g3)
+                s0 = scaled(g0, sca, scb, s0)
+                if rows >= 2:
+                    s1 = scaled(g1, sca, scb, s1)
+                if rows == 4:
+                    s2 = scaled(g2, sca, scb, s2)
+                    s3 = scaled(g3, sca, scb, s3)
             f0 = offset(f0, ma, mb, group_sum(ub, s16, b, u, g))
             if rows >= 2:
-                s1 = scaled(g1, sca, scb, s1)
                 f1 = offset(f1, ma, mb, group_sum(ub, s16, b + 1, u, g))
             if rows == 4:
-                s2 = scaled(g2, sca, scb, s2)
                 f2 = offset(f2, ma, mb, group_sum(ub, s16, b + 2, u, g))
-                s3 = scaled(g3, sca, scb, s3)
                 f3 = offset(f3, ma, mb, group_sum(ub, s16, b + 3, u, g))
         da, db = fload8(da_, P * u), fload8(db_, P * u)
         f0 = unit_end(f0, s0, da, db, dx[b, u], dr[b, u] if two else 0.0, two)
