@@ -9,10 +9,8 @@ nibble and every sign occurs.
 The reference for a product is the gguf package's dequantisation followed by a float64 matmul.
 With float32 activations a kernel agrees within float32 rounding: the error of each output,
 relative to sum(|w| |x|) over its row, stays under 1e-7 x sqrt(cols) (float32's unit roundoff is
-6e-8; summation order differs, as in BLAS), with |w| taken as |d q| + |m| for the legacy kinds
-whose blocks have an offset m (`offsets`: the kernels add up d q x and m x apart). Products of Q4_K, Q5_K and Q6_K weights may take
-int8 activations (qdot.py; the backends' int8_activations), and so may the legacy kinds' (Q8_0,
-Q4_0, Q4_1, Q5_0, Q5_1; ldot.py, where int8_legacy says so): per row
+6e-8; summation order differs, as in BLAS). Products of Q4_K, Q5_K and Q6_K weights with one or a few
+activation rows may take int8 activations (qdot.py; the backends' int8_activations): per row
 ggml's Q8_K, scale dx per 256 values (a row's last unit may be shorter), plus for weights whose
 inputs carry outliers (outlier_inputs: o_proj, down_proj) a second int8 row for its remainder,
 scale dr. Such a product is pinned twice: to the reference run on the dequantised activations,
@@ -68,27 +66,12 @@ def width(name: str, blocks: int) -> int:
     return blocks * max(QTYPES[name].block, 32)
 
 
-def offsets(w: QuantTensor) -> np.ndarray:
-    """Each weight's block offset m [rows, cols] (weight = d q + m) for the legacy kinds that
-    have one (Q4_0: -8 d, Q5_0: -16 d, Q4_1 and Q5_1: their own); zero for the rest. The kernels
-    sum d q x and m x apart (qkernels, ldot), so a weight of 0 = d q + m costs rounding of |m x|."""
-    name = w.qtype.name
-    if name not in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
-        return np.zeros(w.shape)
-    blocks = w.data.reshape(-1, w.qtype.block_bytes)
-    d = blocks[:, 0:2].copy().view(np.float16)[:, 0].astype(np.float64)
-    m = blocks[:, 2:4].copy().view(np.float16)[:, 0].astype(np.float64) if name in ("Q4_1", "Q5_1") \
-        else (-8.0 if name == "Q4_0" else -16.0) * d
-    return np.repeat(m, 32).reshape(w.shape)
-
-
 def assert_rounding_close(got, x, w: QuantTensor):
     """got == x @ w.T within float32 rounding (see the module docstring)."""
     dq = w.dequantize().astype(np.float64)  # [rows, cols]
     x64 = x.astype(np.float64)
     want = x64 @ dq.T
-    m = offsets(w)
-    scale = np.abs(x64) @ (np.abs(dq - m) + np.abs(m)).T  # sum(|w| |x|) per output, |d q| + |m| for |w|
+    scale = np.abs(x64) @ np.abs(dq).T  # sum(|w| |x|) per output
     assert got.dtype == np.float32 and got.shape == want.shape
     err = np.abs(got - want) / np.maximum(scale, np.finfo(np.float32).tiny)
     tol = 1e-7 * np.sqrt(w.shape[1])
@@ -116,22 +99,15 @@ def assert_int8_close(got, x, w: QuantTensor, two: bool):
     dq = w.dequantize().astype(np.float64)  # [rows, cols]
     bound = step @ np.abs(dq).T / 2  # [B, rows]: sum_i |w_i| d_i / 2
     err = np.abs(got - x.astype(np.float64) @ dq.T)
-    m = offsets(w)
-    slack = 1e-7 * np.sqrt(w.shape[1]) * (np.abs(x.astype(np.float64)) @ (np.abs(dq - m) + np.abs(m)).T)  # float rounding
+    slack = 1e-7 * np.sqrt(w.shape[1]) * (np.abs(x.astype(np.float64)) @ np.abs(dq).T)  # float rounding
     assert (err <= bound + slack).all(), f"max error {(err / bound).max():.3g} x sum|w| d / 2"
-
-
-def takes_int8(backend, w: QuantTensor) -> int:
-    """The mode (0, 1 or 2 int8 rows) in which `backend` multiplies w: its K-quants' int8
-    activations, and the legacy kinds' (always two rows) where its int8_legacy says so (ldot.py)."""
-    mode = backend._int8_mode(w) if hasattr(backend, "_int8_mode") else 0
-    return Q.int8_mode(int(WeightKind.of(w)), mode, getattr(backend, "int8_legacy", False))
 
 
 def assert_matches(backend, got, x, w: QuantTensor):
     """got == x @ w.T as the kernel that ran promises: float32 rounding, or int8 activations'
     (simd and pool only: the others have float32 activations)."""
-    if takes_int8(backend, w):
-        assert_int8_close(got, x, w, takes_int8(backend, w) == 2)
+    mode = backend._int8_mode(w) if hasattr(backend, "_int8_mode") else 0
+    if mode and Q.int_dot(int(WeightKind.of(w))):
+        assert_int8_close(got, x, w, mode == 2)
     else:
         assert_rounding_close(got, x, w)

@@ -188,38 +188,6 @@ def bsign(typingctx, a, b):
     return i8x32(i8x32, i8x32), codegen
 
 
-@intrinsic
-def bnib(typingctx, f, o):
-    """The 16 bytes f[o:o + 16] as 32 nibbles, their low ones then their high ones: a legacy 4-bit
-    block's weights in order (Q4_0, Q4_1; Q5_0 and Q5_1 before their fifth bits)."""
-    def codegen(context, builder, sig, args):
-        half = ir.VectorType(_I8, 16)
-        b = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I8, 16), align=1)
-        lo = builder.and_(b, _const(half, 15))
-        hi = builder.and_(builder.lshr(b, _const(half, 4)), _const(half, 15))
-        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
-    return i8x32(f, types.intp), codegen
-
-
-@intrinsic
-def bfrombits(typingctx, f, o, value):
-    """The 32 bits of the little-endian uint32 f[o:o + 4] as 32 bytes: byte j is `value` where bit j
-    is set, else 0 (a Q5_0 or Q5_1 block's fifth bits, value 16)."""
-    def codegen(context, builder, sig, args):
-        w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=1)
-        bits = builder.bitcast(w, ir.VectorType(_I1, 32))
-        v = builder.trunc(_int(context, builder, args[2], sig.args[2]), _I8)
-        return builder.select(bits, _splat(builder, v, _B), _const(_B, 0))
-    return i8x32(f, types.intp, value), codegen
-
-
-@intrinsic
-def bor(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.or_(args[0], args[1])
-    return i8x32(i8x32, i8x32), codegen
-
-
 # -- products ------------------------------------------------------------------------------------------
 @intrinsic
 def maddubs(typingctx, u, s):

@@ -215,13 +215,13 @@ class PoolBackend(SimdBackend):
             check_width(x, w)
             kind, tile = WeightKind.of(w), prefill_tile(w.shape[1])
             if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
-                Q.linear_for(kind)(w.data, x, out, tile, self._int8_mode(w), self.int8_legacy)
+                Q.linear_for(kind)(w.data, x, out, tile, self._int8_mode(w))
             else:
                 # Prefill splits tiles of rows: at least one per thread (SmolLM2's 576 rows
                 # would otherwise be one tile, on one thread).
                 tile = min(tile, -(-w.shape[0] // self.threads))
                 self._launch(Q.linear_par_for(kind), w.data, x, out, tile, self.threads,
-                             self._int8_mode(w), self.int8_legacy)
+                             self._int8_mode(w))
         elif x.shape[0] == 1:
             if self.threads == 1 or w.size < self.parallel_min_elements:
                 K.matvec(w, x[0], out[0], 0, w.shape[0])
@@ -255,7 +255,7 @@ class PoolBackend(SimdBackend):
             kinds.append(kinds[0])
             datas.append(NO_ROWS)
         self._launch(Q.linear_many_par_for(*kinds), tuple(datas), x, out, self.threads,
-                     max(self._int8_mode(w) for w in ws), self.int8_legacy)
+                     max(self._int8_mode(w) for w in ws))
         views, start = [], 0
         for w in ws:
             views.append(out[:, start:start + w.shape[0]])

@@ -13,10 +13,6 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   says so (its int8_activations: by default where the machine has AVX2), the row is quantized
   to two int8 rows once per call and multiplied in integers instead (qdot.py: ~2x the weights
   per second);
-  the legacy kinds, where the backend says so (its int8_legacy: x86 without AVX-512), the same
-  with the remainder row always (ldot.py), and their few or many rows then multiply x', the
-  values those int8 rows hold, in float32 (`rounded`), so that a row is computed alike however
-  its tokens were grouped;
 - a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
   row decoded once for up to four activation rows; the K-quants, as above, in integers
   (qdot.k_few);
@@ -55,7 +51,7 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
-from inferno.backends.numba import jitcache, ldot, qdot, qgemm
+from inferno.backends.numba import jitcache, qdot, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.qdot import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
 from inferno.backends.numba.dense import FAST
@@ -175,30 +171,8 @@ def group_sums(x, xs, b0, b1):
 # -- decode and a few activation rows ------------------------------------------------------------------
 @jit
 def int_dot(kind):
-    """Whether this kind's products take int8 activations for any number of rows (qdot.py,
-    qgemm.py)."""
+    """Whether this kind's products can take int8 activations (qdot.py)."""
     return kind == Q4_K or kind == Q5_K or kind == Q6_K
-
-
-@jit
-def int8_mode(kind, mode, legacy):
-    """The activations' mode for a product of this kind, given the weight's `mode` (0 float32;
-    1 or 2 int8 rows, see `activations`): the K-quants take it as it is; the legacy kinds,
-    where `legacy` says they take int8 rows at all (ldot.py), always two; the rest none."""
-    if int_dot(kind):
-        return mode
-    return 2 if mode > 0 and legacy and ldot.legacy(kind) else 0
-
-
-@jit
-def rounded(x, xq):
-    """x' [B, cols]: x's rows as its int8 rows xq hold them (`activations`), for the float
-    kernels of a legacy kind that took them (ldot.py); x itself where xq holds none."""
-    if xq[0].shape[0] == 0:
-        return x
-    out = np.empty_like(x)
-    ldot.rounded_rows(xq[0], xq[1], xq[2], xq[3], out, 0, x.shape[0])
-    return out
 
 
 @jit
@@ -254,9 +228,6 @@ def _rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
         elif code == Q6_K:
             def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
                 _rows_int8(Q6_K, Q6_K_BYTES, w, x, xs, xq, out, col, r0, r1)
-        elif code in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1):
-            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
-                _rows_legacy(code, w, x, xs, xq, out, col, r0, r1)
         else:
             def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
                 _rows(code, w, x, xs, out, col, r0, r1)
@@ -287,16 +258,6 @@ def _rows_int8(kind, unit_bytes, w, x, xs, xq, out, col, r0, r1):
         qgemm.k_gemm(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
     else:
         qdot.k_few(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
-
-
-@jit
-def _rows_legacy(kind, w, x, xs, xq, out, col, r0, r1):
-    """Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1: one row in integers when xq holds it quantized (ldot.py);
-    else, or for a few rows (the drivers then pass x' for x: `rounded`), as _rows."""
-    if xq[0].shape[0] > 0 and x.shape[0] == 1:
-        ldot.l_rows(kind, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
-    else:
-        _rows(kind, w, x, xs, out, col, r0, r1)
 
 
 @jit
@@ -480,24 +441,17 @@ def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
 
 # -- serial drivers (the simd backend) ----------------------------------------------------------------
 @jit
-def linear(kind, w, x, out, tile, mode, legacy):
-    """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B; x's rows as one or two int8
-    rows each for mode 1 or 2 (`activations`) times a kind that takes them (`int8_mode`),
-    however many: in integers (the K-quants; a legacy kind's one row), or as the float32 x'
-    they hold (a legacy kind's few or many rows)."""
+def linear(kind, w, x, out, tile, mode):
+    """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B; x's rows times a kind that
+    can (int_dot) take one or two int8 rows each for mode 1 or 2 (`activations`), however
+    many."""
     B, rows = x.shape[0], w.shape[0]
-    mode = int8_mode(kind, mode, legacy)
-    xs = np.empty((B, x.shape[1] // 32), np.float32)
     if B > FEW_MAX and not (mode > 0 and int_dot(kind)):
-        if mode > 0:
-            x = rounded(x, activations(x, xs, mode))
         scratch = np.empty(tile * x.shape[1] + B * tile, np.float32)
         prefill_rows(kind, w, x, out, 0, rows, tile, scratch)
         return
-    xq = activations(x, xs, mode)
-    if B > 1 and mode > 0 and not int_dot(kind):
-        x = rounded(x, xq)
-        group_sums(x, xs, 0, B)
+    xs = np.empty((B, x.shape[1] // 32), np.float32)
+    xq = activations(x, xs, mode if int_dot(kind) else 0)
     rows_kernel(kind, w, x, xs, xq, out, 0, 0, rows)
 
 
@@ -527,86 +481,44 @@ def activations_par(x, mode, chunks):
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def rounded_par(x, xq, chunks):
-    """`rounded`, the rows split across the team."""
-    if xq[0].shape[0] == 0:
-        return x
-    B = x.shape[0]
-    out = np.empty_like(x)
-    for c in nb.prange(chunks):
-        ldot.rounded_rows(xq[0], xq[1], xq[2], xq[3], out, chunk_start(B, c, chunks, 1),
-                          chunk_start(B, c + 1, chunks, 1))
-    return out
-
-
-@nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_par(kind, w, x, out, tile, chunks, mode, legacy):
+def linear_par(kind, w, x, out, tile, chunks, mode):
     """`linear`, its rows split into `chunks` ranges, each on a thread of the team."""
     B, rows, n = x.shape[0], w.shape[0], x.shape[1]
-    mode = int8_mode(kind, mode, legacy)
     if B > FEW_MAX and not (mode > 0 and int_dot(kind)):
-        if mode > 0:  # a legacy kind's prefill: sgemm on x'
-            x = rounded_par(x, activations_par(x, mode, chunks)[1], chunks)
         tiles = (rows + tile - 1) // tile
         scratch = np.empty((chunks, tile * n + B * tile), np.float32)  # one per thread
         for c in nb.prange(chunks):
             t0, t1 = chunk_start(tiles, c, chunks, 1), chunk_start(tiles, c + 1, chunks, 1)
             prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch[c])
         return
-    xs, xq = activations_par(x, mode, chunks)
-    if B > 1 and mode > 0 and not int_dot(kind):
-        x = rounded(x, xq)
-        group_sums(x, xs, 0, B)
+    xs, xq = activations_par(x, mode if int_dot(kind) else 0, chunks)
     for c in nb.prange(chunks):  # whole pairs of qgemm's panels where they fit
         rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, 2 * qgemm.P),
                     chunk_start(rows, c + 1, chunks, 2 * qgemm.P))
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_many_par(k0, k1, k2, ws, x, out, chunks, mode, legacy):
+def linear_many_par(k0, k1, k2, ws, x, out, chunks, mode):
     """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
     B <= FEW_MAX rows of x: the three weights' rows (kinds k0, k1, k2), taken end to end as one
     range, split into `chunks` pieces (a piece may span two weights). The weights may differ in
-    kind and rows; they share cols, so a row costs about the same in any. Each takes x as it
-    would alone (`int8_mode`): K-quants the int8 rows of `mode`, a legacy kind that takes int8
-    rows its own two and x' = `rounded` of them, the rest x."""
-    mk = max(int8_mode(k0, mode, NO_LEGACY), int8_mode(k1, mode, NO_LEGACY), int8_mode(k2, mode, NO_LEGACY))
-    ml = max(int8_mode(k0, mode, legacy) - int8_mode(k0, mode, NO_LEGACY),
-             int8_mode(k1, mode, legacy) - int8_mode(k1, mode, NO_LEGACY),
-             int8_mode(k2, mode, legacy) - int8_mode(k2, mode, NO_LEGACY))  # 2 where a legacy kind takes them
-    xs, xq = activations_par(x, mk, chunks)
-    xl, xr, xsr = xq, x, xs
-    if ml > 0:
-        if mk != ml:
-            xsr, xl = activations_par(x, ml, chunks)
-        if x.shape[0] > 1:
-            xr = rounded(x, xl)
-            xsr = np.empty_like(xs)
-            group_sums(xr, xsr, 0, x.shape[0])
+    kind and rows; they share cols, so a row costs about the same in any."""
+    xs, xq = activations_par(x, mode if int_dot(k0) or int_dot(k1) or int_dot(k2) else 0, chunks)
     total = out.shape[1]
     for c in nb.prange(chunks):
         lo, hi = chunk_start(total, c, chunks, 2), chunk_start(total, c + 1, chunks, 2)
-        start = _piece(k0, ws[0], x, xs, xq, xr, xsr, xl, ml, out, 0, lo, hi)  # each kind its own
-        start = _piece(k1, ws[1], x, xs, xq, xr, xsr, xl, ml, out, start, lo, hi)  # argument: a
-        _piece(k2, ws[2], x, xs, xq, xr, xsr, xl, ml, out, start, lo, hi)  # literal to rows_kernel
-
-
-NO_LEGACY = False  # a literal: int8_mode as if no legacy kind took int8 rows
+        start = _piece(k0, ws[0], x, xs, xq, out, 0, lo, hi)  # each kind its own argument:
+        start = _piece(k1, ws[1], x, xs, xq, out, start, lo, hi)  # a literal to rows_kernel
+        _piece(k2, ws[2], x, xs, xq, out, start, lo, hi)
 
 
 @jit
-def _piece(kind, w, x, xs, xq, xr, xsr, xl, ml, out, start, lo, hi):
+def _piece(kind, w, x, xs, xq, out, start, lo, hi):
     """The part of out's columns lo..hi that falls in w's rows, w's outputs starting at column
-    `start`; returns where the next weight's start. A legacy kind, where the legacy kinds take
-    int8 rows (ml > 0), reads its own (xl) and x' (xr, xsr); every other kind x and xq."""
+    `start`; returns where the next weight's start."""
     r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
     if r0 < r1:
-        if ml > 0 and ldot.legacy(kind):
-            rows_kernel(kind, w, xr, xsr, xl, out, start, r0, r1)
-        elif int_dot(kind):
-            rows_kernel(kind, w, x, xs, xq, out, start, r0, r1)
-        else:
-            rows_kernel(kind, w, x, xs, qdot.empty(), out, start, r0, r1)
+        rows_kernel(kind, w, x, xs, xq, out, start, r0, r1)
     return start + w.shape[0]
 
 
@@ -619,34 +531,34 @@ def _piece(kind, w, x, xs, xq, xr, xsr, xl, ml, out, start, lo, hi):
 # A model compiles and loads only the kinds it holds.
 @functools.cache
 def linear_for(kind: WeightKind):
-    """`linear` for one kind: (w, x, out, tile, mode, legacy)."""
+    """`linear` for one kind: (w, x, out, tile, mode)."""
     kind = int(WeightKind(kind))  # the closure's literal
 
     @jit
-    def linear_kind(w, x, out, tile, mode, legacy):
-        linear(kind, w, x, out, tile, mode, legacy)
+    def linear_kind(w, x, out, tile, mode):
+        linear(kind, w, x, out, tile, mode)
     return jitcache.lazy(linear_kind)
 
 
 @functools.cache
 def linear_par_for(kind: WeightKind):
-    """`linear_par` for one kind: (w, x, out, tile, chunks, mode, legacy)."""
+    """`linear_par` for one kind: (w, x, out, tile, chunks, mode)."""
     kind = int(WeightKind(kind))
 
     @jit
-    def linear_par_kind(w, x, out, tile, chunks, mode, legacy):
-        linear_par(kind, w, x, out, tile, chunks, mode, legacy)
+    def linear_par_kind(w, x, out, tile, chunks, mode):
+        linear_par(kind, w, x, out, tile, chunks, mode)
     return jitcache.lazy(linear_par_kind)
 
 
 @functools.cache
 def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind):
-    """`linear_many_par` for three kinds: (ws, x, out, chunks, mode, legacy)."""
+    """`linear_many_par` for three kinds: (ws, x, out, chunks, mode)."""
     k0, k1, k2 = (int(WeightKind(k)) for k in (k0, k1, k2))
 
     @jit
-    def linear_many_par_kinds(ws, x, out, chunks, mode, legacy):
-        linear_many_par(k0, k1, k2, ws, x, out, chunks, mode, legacy)
+    def linear_many_par_kinds(ws, x, out, chunks, mode):
+        linear_many_par(k0, k1, k2, ws, x, out, chunks, mode)
     return jitcache.lazy(linear_many_par_kinds)
 
 

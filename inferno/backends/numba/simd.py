@@ -29,7 +29,6 @@ from inferno.backends.base import (Backend, ExpertPlan, check_decode, check_expe
                                    check_top_k, score_scale)
 from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba.ilanes import fast_int_dot
-from inferno.backends.numba.ldot import eight_lane_floats
 from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
 
@@ -104,10 +103,6 @@ class SimdBackend(Backend):
         # core. Decoded token by token against transformers the logits stay as close as with
         # float32 activations (bench/RESULTS.md). False keeps float32 activations.
         self.int8_activations = fast_int_dot() if int8_activations is None else bool(int8_activations)
-        # The legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) take them too, always with the
-        # remainder row, where float vectors are eight lanes (ldot.py: x86 without AVX-512, where
-        # their float32 matvec is the slower); with AVX-512 the float32 kernels stay.
-        self.int8_legacy = self.int8_activations and eight_lane_floats()
         blas.limit_to_one_thread()  # sgemm on this core only
         jitcache.load_kernels_lazily()  # a warm load skips Numba's compiler set-up
         reuse_freed_activations()
@@ -146,7 +141,7 @@ class SimdBackend(Backend):
         if isinstance(w, QuantTensor):
             check_width(x, w)
             Q.linear_for(WeightKind.of(w))(w.data, x, out, prefill_tile(w.shape[1]),
-                                           self._int8_mode(w), self.int8_legacy)
+                                                 self._int8_mode(w))
         elif x.shape[0] == 1:
             K.matvec(w, x[0], out[0], 0, w.shape[0])
         else:
