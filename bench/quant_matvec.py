@@ -15,6 +15,9 @@ Tables (medians of -r rounds; variants interleaved within a round, wall-clock ti
   activations; Gw/s counts weights x rows, "reads" how many times faster than one matvec per
   row (in the same mode) that is.
 - prefill: 512 activation rows on one thread, GFLOP/s against float32 sgemm on the same shape.
+- panels (`--only panels`, not by default): the K-quants' two int8 kernels for several rows,
+  qgemm's panels against qdot.k_few, by width, rows and remainder row: where the one overtakes
+  the other on this machine (qkernels.GEMM_MIN, GEMM_MIN_COLS).
 - files: each SmolLM2 GGUF's own tensors (read in place with gguf's GGUFReader) run as one
   decode step's linears in model order, q/k/v and gate/up fused (linear_many), on pool with two
   threads; the sum estimates the matvec part of a token. The rest of a token (norms, RoPE,
@@ -32,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+import numba as nb
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -159,6 +163,40 @@ def prefill_table(types, reps, rows=512):
     simd.close()
 
 
+def panels_table(types, reps):
+    """qgemm.k_gemm (the panels) against qdot.k_few on the same int8 rows, called directly, so
+    qkernels.GEMM_MIN and GEMM_MIN_COLS can be read off this machine."""
+    from inferno.backends.numba import qdot, qgemm
+    simd = SimdBackend()  # first: it sets the CPU features the kernels below compile for
+    kinds = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}
+    print(f"\npanels (qgemm.k_gemm) against qdot.k_few, one thread, 1024 weight rows: GOP/s "
+          f"(2 x rows x weights per s); remainder: the outliers' second int8 row (qgemm.WIDE: {qgemm.WIDE})")
+    print(f"{'type':<6} {'cols':>5} {'remainder':<9} {'rows':>5} {'k_few':>7} {'panels':>7} {'ratio':>6}")
+    for name in [t for t in types if t in kinds]:
+        ub = kinds[name]
+
+        @nb.njit(nogil=True)
+        def few(w, xq, out):
+            qdot.k_few(ub, w, xq[0], xq[1], xq[2], xq[3], xq[4], out, 0, w.shape[0])
+
+        @nb.njit(nogil=True)
+        def gemm(w, xq, out):
+            qgemm.k_gemm(ub, w, xq[0], xq[1], xq[2], xq[3], xq[4], out, 0, w.shape[0])
+
+        for cols in (768, 2048, 6144):
+            w = random_blocks(name, 1024, cols, seed=0).data
+            for two in (False, True):
+                for B in (4, 8, 12, 16, 32, 64, 512):
+                    x = np.random.default_rng(B).standard_normal((B, cols), dtype=np.float32)
+                    xq, out = qdot.quantize(x, two), np.empty((B, 1024), np.float32)
+                    t = rounds({"few": lambda: few(w, xq, out), "gemm": lambda: gemm(w, xq, out)},
+                               reps, one_thread=True)
+                    ops = 2 * B * 1024 * cols / 1e9
+                    print(f"{name:<6} {cols:>5} {'yes' if two else 'no':<9} {B:>5} {ops / t['few']:>7.1f} "
+                          f"{ops / t['gemm']:>7.1f} {t['few'] / t['gemm']:>6.2f}", flush=True)
+    simd.close()
+
+
 def file_tensors(path: Path) -> dict:
     """GGUF name -> QuantTensor (or float32 array) viewing the file in place."""
     from gguf import GGUFReader
@@ -217,7 +255,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-t", "--types", default=",".join(QTYPES), help="comma-separated types")
     parser.add_argument("-r", "--rounds", type=int, default=5, help="timed rounds per variant")
-    parser.add_argument("--only", default="decode,few,prefill,files", help="which tables")
+    parser.add_argument("--only", default="decode,few,prefill,files", help="which tables (and panels: k_gemm against k_few)")
     parser.add_argument("--clock", choices=CLOCK, default="wall",
                         help="one-thread timings: wall-clock, or this thread's CPU time (a shared machine)")
     args = parser.parse_args(argv)
@@ -237,6 +275,8 @@ def main(argv=None) -> None:
         prefill_table(types, args.rounds)
     if "files" in tables:
         files_table(args.rounds)
+    if "panels" in tables:
+        panels_table(types, args.rounds)
 
 
 if __name__ == "__main__":

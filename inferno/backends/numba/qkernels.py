@@ -70,12 +70,14 @@ F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = map(int, WeightKind)
 # Activation rows per call up to which `few_rows` beats dequantised tiles + sgemm.
 FEW_MAX = 16
 # Activation rows from which qgemm's panels beat qdot.k_few, packing included, for every K-quant
-# with and without remainder rows (bench/RESULTS.md, "K-quant prefill on packed panels").
-GEMM_MIN = 32
-# ... and weight rows from this many columns: on rows of three super-blocks (768, an expert's down
-# projection in Qwen3-30B-A3B) the panels trailed k_few at every row count measured, 0.7-0.8x
-# with remainder rows (bench/RESULTS.md, "Mixtures of experts").
-GEMM_MIN_COLS = 1024
+# with and without remainder rows, and weight rows from how many columns. With VNNI, from 32 rows
+# of 1024 columns or more: on rows of three super-blocks (768, an expert's down projection in
+# Qwen3-30B-A3B) the panels trailed k_few at every row count measured, 0.7-0.8x with remainder
+# rows. Without VNNI (qgemm.WIDE) k_few pays for emulating vpdpbusd a step where the panels sum
+# int16 pairs, and the panels win from 16 rows at every width measured, 768 included
+# (bench/RESULTS.md, "K-quant prefill on packed panels", "Mixtures of experts").
+GEMM_MIN = 16 if qgemm.WIDE else 32
+GEMM_MIN_COLS = 0 if qgemm.WIDE else 1024
 # Activation rows from which the parallel drivers quantize them on every thread (a prefill's 512
 # rows took 0.3-2 ms a call on one, serial before each product; a decode row stays on one thread,
 # where a second launch would cost more than it saves).
