@@ -167,7 +167,7 @@ def panels_table(types, reps):
     """qgemm.k_gemm (the panels) against qdot.k_few on the same int8 rows, called directly, so
     qkernels.GEMM_MIN and GEMM_MIN_COLS can be read off this machine."""
     from inferno.backends.numba import qdot, qgemm
-    simd = SimdBackend()  # first: it sets the CPU features the kernels below compile for
+    simd = SimdBackend()  # first: the process set up as a model run has it (simd.py: BLAS, malloc)
     kinds = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}
     print(f"\npanels (qgemm.k_gemm) against qdot.k_few, one thread, 1024 weight rows: GOP/s "
           f"(2 x rows x weights per s); remainder: the outliers' second int8 row (qgemm.WIDE: {qgemm.WIDE})")
