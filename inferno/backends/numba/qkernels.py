@@ -75,7 +75,8 @@ FEW_MAX = 16
 # Qwen3-30B-A3B) the panels trailed k_few at every row count measured, 0.7-0.8x with remainder
 # rows. Without VNNI (qgemm.WIDE) k_few pays for emulating vpdpbusd a step where the panels sum
 # int16 pairs, and the panels win from 16 rows at every width measured, 768 included
-# (bench/RESULTS.md, "K-quant prefill on packed panels", "Mixtures of experts").
+# (bench/RESULTS.md: "K-quant prefill on packed panels", "Mixtures of experts", "Panels from 16
+# rows and any width where there is no VNNI"; bench/quant_matvec.py --only panels).
 GEMM_MIN = 16 if qgemm.WIDE else 32
 GEMM_MIN_COLS = 0 if qgemm.WIDE else 1024
 # Activation rows from which the parallel drivers quantize them on every thread (a prefill's 512
