@@ -17,7 +17,8 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   row decoded once for up to four activation rows; the K-quants, as above, in integers
   (qdot.k_few);
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
-  the K-quants with int8 activations take 32 activation rows or more (of rows 1024 wide or more)
+  the K-quants with int8 activations take GEMM_MIN activation rows or more (of rows GEMM_MIN_COLS
+  wide or more: 32 and 1024 with VNNI, 16 and any without)
   through qgemm.k_gemm instead (two panels of eight weight rows against four activation rows per vpdpbusd step), and
   fewer through qdot.k_few. The integers summed are the same in all three (k_rows, k_few,
   k_gemm); only the float32 order of adding them up differs. Decode, a batch and a prefill then
