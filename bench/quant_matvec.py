@@ -9,8 +9,9 @@ Tables (medians of -r rounds; variants interleaved within a round, wall-clock ti
   today's float32 kernel on the same shape. "big" is one [8192, 4096] matrix (bigger than the
   caches); "smol" is SmolLM2-135M's seven matrices of a layer, 30 copies of each called in model
   order, so they stream from DRAM as a real decode step does; "1.7b" Qwen3-1.7B's, 4 copies.
-  The `x` column says how the activations went in: f32, or int8 (qdot.py: the kinds it covers,
-  where the machine has AVX2; the backends' default there).
+  The `x` column says how the activations went in: f32, or int8 (qdot.py: the K-quants, where
+  the machine has AVX2), or i16 (ldot.py: the legacy kinds, where float vectors are eight
+  lanes); the backends' default where the machine has them.
 - few rows: 2..16 activation rows (the server's batched decode step) on one thread, f32 and int8
   activations; Gw/s counts weights x rows, "reads" how many times faster than one matvec per
   row (in the same mode) that is.
@@ -21,7 +22,8 @@ Tables (medians of -r rounds; variants interleaved within a round, wall-clock ti
 - files: each SmolLM2 GGUF's own tensors (read in place with gguf's GGUFReader) run as one
   decode step's linears in model order, q/k/v and gate/up fused (linear_many), on pool with two
   threads; the sum estimates the matvec part of a token. The rest of a token (norms, RoPE,
-  attention, dispatch) cost about 0.9 ms on SmolLM2 (facts/quantized-matvec.md).
+  attention, dispatch) cost about 0.9 ms on SmolLM2 (facts/quantized-matvec.md). Where the
+  legacy kinds can take int16 activations (ldot.py), each file runs both ways ("legacy x").
 
 Random weights: every byte random except finite float16 scales (tests/qblocks.py).
 """
@@ -41,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from qblocks import random_blocks  # noqa: E402
 
-from inferno.backends.numba import qkernels as Q  # noqa: E402
+from inferno.backends.numba import ldot, qkernels as Q  # noqa: E402
 from inferno.backends.numba.codes import WeightKind  # noqa: E402
 from inferno.backends.numba.ilanes import fast_int_dot  # noqa: E402
 from inferno.backends.numba.pool import PoolBackend  # noqa: E402
@@ -99,6 +101,19 @@ def weights(name: str, shapes, copies: int):
     return out
 
 
+def x_types(name: str) -> tuple[str, ...]:
+    """How a product of this type can take its activations here: always f32; int8 for the
+    K-quants where the machine has AVX2 (qdot.py); int16 for the legacy kinds where float
+    vectors are eight lanes (ldot.py). The backends take the second by default."""
+    if name in WeightKind.__members__ and fast_int_dot():
+        kind = int(WeightKind[name])
+        if Q.int_dot(kind):
+            return "f32", "int8"
+        if ldot.legacy(kind) and ldot.eight_lane_floats():
+            return "f32", "i16"
+    return ("f32",)
+
+
 def decode_table(types, reps):
     simd, pool = SimdBackend(), PoolBackend(threads=2)
     print("\ndecode (one activation row): Gw/s and GB/s of the weight's bytes")
@@ -114,9 +129,8 @@ def decode_table(types, reps):
             prepared = {be.name: [be.weight(w) for w in ws] for be in (simd, pool)}
             run = {be.name: (lambda be=be: [be.linear(xs[w.shape[1]], w) for w in prepared[be.name]])
                    for be in (simd, pool)}
-            int8 = name in WeightKind.__members__ and bool(Q.int_dot(int(WeightKind[name]))) and fast_int_dot()
-            for x_type in ("f32", "int8") if int8 else ("f32",):
-                simd.int8_activations = pool.int8_activations = x_type == "int8"
+            for x_type in x_types(name):
+                simd.int8_activations = pool.int8_activations = x_type != "f32"
                 t = rounds({"simd": run["simd"]}, reps, one_thread=True) | rounds({"pool": run["pool"]}, reps)
                 n = sum(w.shape[0] * w.shape[1] for w in ws)
                 b = sum(w.nbytes for w in ws)
@@ -134,9 +148,8 @@ def few_table(types, reps):
     print(f"{'type':<6} {'x':<4} " + " ".join(f"{'B=' + str(b):>8} {'reads':>6}" for b in sizes))
     for name in ["F32"] + types:
         ws = [simd.weight(w) for w in weights(name, SMOL_LAYER, 10)]
-        int8 = name in WeightKind.__members__ and bool(Q.int_dot(int(WeightKind[name]))) and fast_int_dot()
-        for x_type in ("f32", "int8") if int8 else ("f32",):
-            simd.int8_activations = x_type == "int8"
+        for x_type in x_types(name):
+            simd.int8_activations = x_type != "f32"
             fns = {}
             for B in (1,) + sizes:
                 xs = {c: np.random.default_rng(B).standard_normal((B, c), dtype=np.float32) for c in (576, 1536)}
@@ -231,9 +244,10 @@ def files_table(reps):
         return
     print("\nSmolLM2 files: one decode step's linears, q/k/v and gate/up fused, on pool (2 threads)"
           " and simd (1 thread); est. tok/s adds 0.9 ms for the rest of a token")
-    print(f"{'file':<36} {'types':<26} {'MB/token':>8} {'pool ms':>8} {'simd ms':>8} {'est. tok/s':>10}")
+    print(f"{'file':<36} {'types':<26} {'legacy x':<8} {'MB/token':>8} {'pool ms':>8} {'simd ms':>8} {'est. tok/s':>10}")
     pool, simd = PoolBackend(threads=2), SimdBackend()
-    for path in present:
+    for path, legacy_x in [(p, x) for p in present for x in (("f32", "i16") if ldot.eight_lane_floats() else ("f32",))]:
+        pool.int16_legacy = simd.int16_legacy = legacy_x == "i16"
         tensors = file_tensors(path)
         steps = decode_step(tensors)
         x = {"hidden": np.random.default_rng(0).standard_normal((1, 576), dtype=np.float32),
@@ -245,7 +259,7 @@ def files_table(reps):
         total = sum(pool.weight_nbytes(tensors[n]) for _, names in steps for n in names)
         times = rounds({"pool": fns["pool"]}, reps) | rounds({"simd": fns["simd"]}, reps, one_thread=True)
         types = sorted({tensors[n].qtype.name for _, names in steps for n in names})
-        print(f"{path.name:<36} {','.join(types):<26} {total / 1e6:>8.1f} {times['pool'] * 1e3:>8.2f} "
+        print(f"{path.name:<36} {','.join(types):<26} {legacy_x:<8} {total / 1e6:>8.1f} {times['pool'] * 1e3:>8.2f} "
               f"{times['simd'] * 1e3:>8.2f} {1.0 / (times['pool'] + 0.9e-3):>10.0f}", flush=True)
     pool.close()
     simd.close()

@@ -9,21 +9,24 @@ nibble and every sign occurs.
 The reference for a product is the gguf package's dequantisation followed by a float64 matmul.
 With float32 activations a kernel agrees within float32 rounding: the error of each output,
 relative to sum(|w| |x|) over its row, stays under 1e-7 x sqrt(cols) (float32's unit roundoff is
-6e-8; summation order differs, as in BLAS). Products of Q4_K, Q5_K and Q6_K weights with one or a few
-activation rows may take int8 activations (qdot.py; the backends' int8_activations): per row
+6e-8; summation order differs, as in BLAS), with |w| taken as |d q| + |m| for the legacy kinds
+whose blocks have an offset m (`offsets`: the kernels add up d q x and m x apart). Products of
+Q4_K, Q5_K and Q6_K weights may take int8 activations (qdot.py; the backends' int8_activations): per row
 ggml's Q8_K, scale dx per 256 values (a row's last unit may be shorter), plus for weights whose
 inputs carry outliers (outlier_inputs: o_proj, down_proj) a second int8 row for its remainder,
 scale dr. Such a product is pinned twice: to the reference run on the dequantised activations,
 within float32 rounding as above; and to the reference on the float32 activations within what
 rounding them may cost, sum over the row of |w_i| d_i / 2 (each activation moves by at most
-half a step of its unit's last scale d).
+half a step of its unit's last scale d). Products of the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0,
+Q5_1) may take int16 activations (ldot.py; the backends' int16_legacy), a scale per block of
+32: pinned the same two ways, with that scale for d.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from inferno.backends.numba import qdot
+from inferno.backends.numba import ldot, qdot
 from inferno.backends.numba import qkernels as Q
 from inferno.backends.numba.codes import WeightKind
 from inferno.formats.quant import QTYPES, QuantTensor
@@ -66,12 +69,33 @@ def width(name: str, blocks: int) -> int:
     return blocks * max(QTYPES[name].block, 32)
 
 
+def offsets(w: QuantTensor) -> np.ndarray:
+    """Each weight's block offset m [rows, cols] (weight = d q + m) for the legacy kinds that
+    have one (Q4_0: -8 d, Q5_0: -16 d, Q4_1 and Q5_1: their own); zero for the rest. The kernels
+    sum d q x and m x apart (qkernels, ldot), so a weight of 0 = d q + m costs rounding of |m x|."""
+    name = w.qtype.name
+    if name not in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+        return np.zeros(w.shape)
+    blocks = w.data.reshape(-1, w.qtype.block_bytes)
+    d = blocks[:, 0:2].copy().view(np.float16)[:, 0].astype(np.float64)
+    m = blocks[:, 2:4].copy().view(np.float16)[:, 0].astype(np.float64) if name in ("Q4_1", "Q5_1") \
+        else (-8.0 if name == "Q4_0" else -16.0) * d
+    return np.repeat(m, 32).reshape(w.shape)
+
+
+def magnitudes(w: QuantTensor) -> np.ndarray:
+    """|w| as the kernels' rounding sees it: |d q| + |m| (`offsets`)."""
+    dq = w.dequantize().astype(np.float64)
+    m = offsets(w)
+    return np.abs(dq - m) + np.abs(m)
+
+
 def assert_rounding_close(got, x, w: QuantTensor):
     """got == x @ w.T within float32 rounding (see the module docstring)."""
     dq = w.dequantize().astype(np.float64)  # [rows, cols]
     x64 = x.astype(np.float64)
     want = x64 @ dq.T
-    scale = np.abs(x64) @ np.abs(dq).T  # sum(|w| |x|) per output
+    scale = np.abs(x64) @ magnitudes(w).T  # sum(|w| |x|) per output
     assert got.dtype == np.float32 and got.shape == want.shape
     err = np.abs(got - want) / np.maximum(scale, np.finfo(np.float32).tiny)
     tol = 1e-7 * np.sqrt(w.shape[1])
@@ -99,15 +123,50 @@ def assert_int8_close(got, x, w: QuantTensor, two: bool):
     dq = w.dequantize().astype(np.float64)  # [rows, cols]
     bound = step @ np.abs(dq).T / 2  # [B, rows]: sum_i |w_i| d_i / 2
     err = np.abs(got - x.astype(np.float64) @ dq.T)
-    slack = 1e-7 * np.sqrt(w.shape[1]) * (np.abs(x.astype(np.float64)) @ np.abs(dq).T)  # float rounding
+    slack = 1e-7 * np.sqrt(w.shape[1]) * (np.abs(x.astype(np.float64)) @ magnitudes(w).T)  # float rounding
     assert (err <= bound + slack).all(), f"max error {(err / bound).max():.3g} x sum|w| d / 2"
 
 
+def int16_activations(x):
+    """x [B, cols] as the legacy kinds' int16 kernels see it (ldot.py): (dx * x16, the scale of
+    each value's block of 32), both [B, cols]."""
+    x16, dx, _ = ldot.quantized(np.ascontiguousarray(x, dtype=np.float32))
+    step = np.repeat(dx.astype(np.float64), 32, axis=1)
+    return x16 * step, step
+
+
+def assert_int16_close(got, x, w: QuantTensor):
+    """got is x @ w.T computed from int16 activations: within float32 rounding of the reference
+    on them, and within their rounding of the reference on x (see the module docstring)."""
+    xq, step = int16_activations(x)
+    assert_rounding_close(got, xq, w)
+    dq = w.dequantize().astype(np.float64)
+    bound = step @ np.abs(dq).T / 2
+    err = np.abs(got - x.astype(np.float64) @ dq.T)
+    slack = 1e-7 * np.sqrt(w.shape[1]) * (np.abs(x.astype(np.float64)) @ magnitudes(w).T)
+    assert (err <= bound + slack).all(), f"max error {(err / np.maximum(bound, 1e-300)).max():.3g} x sum|w| d / 2"
+
+
+def activations_of(backend, w: QuantTensor) -> str:
+    """How `backend` multiplies w's activations: "f32", "int8" (one row), "int8+r" (with its
+    remainder row) or "int16" (the legacy kinds where its int16_legacy says so)."""
+    kind = int(WeightKind.of(w))
+    if not getattr(backend, "int8_activations", False):
+        return "f32"
+    if Q.int_dot(kind):
+        return "int8+r" if backend._int8_mode(w) == 2 else "int8"
+    if ldot.legacy(kind) and backend.int16_legacy:
+        return "int16"
+    return "f32"
+
+
 def assert_matches(backend, got, x, w: QuantTensor):
-    """got == x @ w.T as the kernel that ran promises: float32 rounding, or int8 activations'
-    (simd and pool only: the others have float32 activations)."""
-    mode = backend._int8_mode(w) if hasattr(backend, "_int8_mode") else 0
-    if mode and Q.int_dot(int(WeightKind.of(w))):
-        assert_int8_close(got, x, w, mode == 2)
+    """got == x @ w.T as the kernel that ran promises: float32 rounding, or int8 or int16
+    activations' (simd and pool only: the others have float32 activations)."""
+    how = activations_of(backend, w)
+    if how == "int16":
+        assert_int16_close(got, x, w)
+    elif how.startswith("int8"):
+        assert_int8_close(got, x, w, how == "int8+r")
     else:
         assert_rounding_close(got, x, w)

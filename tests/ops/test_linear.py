@@ -7,8 +7,8 @@ decode's matvec), 150 outputs (not a multiple of the matvec's 4), and an lm_head
 Quantized weights, every GGML type (random blocks, qblocks.py, whose docstring gives the bounds):
 rows of one block and of many, row counts that are not a multiple of the kernels' two rows per
 pass; 1 (decode), 2..16 (a few) and 17 (prefill) activation rows; float32 activations within
-float32 rounding of the dequantised product, int8 activations (simd and pool's K-quants)
-within what rounding them may cost. torch dequantises the weight once, in weight(), and runs a
+float32 rounding of the dequantised product, int8 activations (simd and pool's K-quants) and
+int16 ones (their legacy kinds, where int16_legacy says so) within what rounding them may cost. torch dequantises the weight once, in weight(), and runs a
 float32 matmul: within float32 rounding.
 """
 
@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ops.helpers import NUMBA, assert_close, call, f32, host, rand
-from qblocks import assert_int8_close, assert_matches, assert_rounding_close, random_blocks, width
+from qblocks import (assert_int8_close, assert_int16_close, assert_matches, assert_rounding_close, random_blocks,
+                     magnitudes, width)
 
 from inferno.formats.quant import QTYPES
 
@@ -77,21 +78,51 @@ def test_decode_with_and_without_int8_activations(backend, name, mode, rows, blo
         assert_rounding_close(got, x, w)
 
 
+LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+
+
 @pytest.mark.backends(*NUMBA)
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
-@pytest.mark.parametrize("outliers", [False, True])
+@pytest.mark.parametrize("name", LEGACY)
+@pytest.mark.parametrize("int16", [False, True])
+@pytest.mark.parametrize("rows,blocks", [(1, 1), (7, 2), (33, 9)])
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 7, 17])
+def test_legacy_kinds_with_and_without_int16_activations(backend, name, int16, rows, blocks, batch, monkeypatch):
+    """The legacy kinds' kernels with float32 activations (exact) and, whatever the machine would
+    choose, int16 ones (ldot.py: decode in integers; a few rows and a prefill, the float kernels
+    and sgemm on the values those int16 hold): activations of every scale, a zero block and a
+    lone spike."""
+    monkeypatch.setattr(backend, "int8_activations", int16)
+    monkeypatch.setattr(backend, "int16_legacy", int16)
+    w = random_blocks(name, rows, width(name, blocks), seed=rows + blocks, readonly=True)
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((batch, w.shape[1]), dtype=np.float32)
+    x *= rng.choice([1e-6, 1.0, 1e4], (batch, w.shape[1] // 32)).repeat(32, axis=1).astype(np.float32)
+    x[0, :32] = 0.0  # dx = 0: every qx 0
+    x[-1, w.shape[1] // 2] = 1e5  # one value sets the scale of its block
+    got = backend.linear(x, backend.weight(w))
+    if int16:
+        assert_int16_close(got, x, w)
+    else:
+        assert_rounding_close(got, x, w)
+
+
+@pytest.mark.backends(*NUMBA)
+@pytest.mark.parametrize("name,outliers", [("Q4_K", False), ("Q4_K", True), ("Q5_K", False), ("Q5_K", True),
+                                           ("Q6_K", False), ("Q6_K", True)] + [(k, False) for k in LEGACY])
 def test_int8_rows_do_not_depend_on_their_batch(backend, name, outliers, monkeypatch):
-    """With int8 activations a row's product is the same alone (decode), among a few (a batched
-    step) and among many (a prefill), up to float32 rounding: every row is quantized on its
-    own and multiplied the same way, so a sequence's logits do not depend on how its tokens
-    were grouped into steps."""
+    """With int8 activations (the K-quants) or int16 (the legacy kinds) a row's product is the
+    same alone (decode), among a few (a batched step) and among many (a prefill), up to float32
+    rounding: every row is quantized on its own and multiplied the same way (a legacy kind's few
+    and many rows: float32 products of the same int16 values), so a sequence's logits do not
+    depend on how its tokens were grouped into steps."""
     monkeypatch.setattr(backend, "int8_activations", True)
-    w = random_blocks(name, 37, width(name, 4), seed=2, readonly=True)  # 1024: wide enough for the panels
+    monkeypatch.setattr(backend, "int16_legacy", True)
+    w = random_blocks(name, 37, width(name, 4 if name.endswith("_K") else 32), seed=2, readonly=True)  # 1024: wide enough for the panels
     w.outlier_inputs = outliers
     kept = backend.weight(w)
     x = np.random.default_rng(5).standard_normal((100, w.shape[1]), dtype=np.float32)
     alone = np.concatenate([backend.linear(x[b:b + 1], kept) for b in range(len(x))])
-    scale = np.abs(x) @ np.abs(w.dequantize()).T
+    scale = np.abs(x) @ magnitudes(w).T
     for batch in (2, 5, 16, 40, 100):  # 100: quantized on every thread (PAR_ACTIVATIONS)
         got = backend.linear(x[:batch], kept)
         assert (np.abs(got - alone[:batch]) <= 1e-6 * scale[:batch]).all(), batch

@@ -39,6 +39,26 @@ def test_linear_many_fuses_mixed_types(backend):
 
 
 @pytest.mark.backends(*NUMBA)
+@pytest.mark.parametrize("int16", [False, True])
+def test_linear_many_int16_rows_beside_others(backend, int16, monkeypatch):
+    """One launch over a legacy kind, a K-quant and F16, with and without the legacy kinds' int16
+    rows (ldot.py): each weight as it would be alone, whatever its neighbours take; batch 1 (the
+    legacy kind's integer matvec) and 3 (its float kernels on the int16 values)."""
+    monkeypatch.setattr(backend, "int8_activations", True)
+    monkeypatch.setattr(backend, "int16_legacy", int16)
+    cols = 512
+    ws = [random_blocks("Q5_0", 10, cols, seed=4), random_blocks("Q4_K", 6, cols, seed=5),
+          random_blocks("F16", 8, cols, seed=6)]
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, cols), dtype=np.float32)
+        kept = [backend.weight(w) for w in ws]
+        outs = backend.linear_many(backend.from_numpy(x), kept)
+        for got, w, k in zip(outs, ws, kept):
+            assert_matches(backend, got, x, w)
+            np.testing.assert_allclose(got, backend.linear(x, k), rtol=1e-5, atol=1e-6 * np.abs(got).max())
+
+
+@pytest.mark.backends(*NUMBA)
 def test_linear_many_rejects_a_mismatched_width(backend):
     """The kernels read without bounds checks, so the width is checked before any launch."""
     w = backend.weight(random_blocks("Q4_0", 4, 64))

@@ -317,6 +317,37 @@ def wbytes(typingctx, f, o, signed):
     return i16x16(f, types.intp, signed), codegen
 
 
+hload = _vector_load("hload", i16x16, _I16, 16, 2, "The 16 int16 f[o:o + 16] of an int16 array.")
+
+
+@intrinsic
+def wnib(typingctx, f, o, high):
+    """The 16 bytes f[o:o + 16]'s low nibbles (high nibbles if the literal `high`) as int16: half
+    of a legacy 4-bit block's weights, in order (Q4_0, Q4_1: weight i low, i + 16 high)."""
+    if not isinstance(high, types.BooleanLiteral):
+        return None
+    hi = high.literal_value
+
+    def codegen(context, builder, sig, args):
+        half = ir.VectorType(_I8, 16)
+        b = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I8, 16), align=1)
+        b = builder.lshr(b, _const(half, 4)) if hi else builder.and_(b, _const(half, 15))
+        return builder.zext(b, _W)
+    return i16x16(f, types.intp, high), codegen
+
+
+@intrinsic
+def wbits(typingctx, f, o, value):
+    """The 16 bits of the little-endian uint16 f[o:o + 2] as int16 lanes: `value` where bit i is
+    set, else 0 (half of a Q5_0 or Q5_1 block's fifth bits, value 16)."""
+    def codegen(context, builder, sig, args):
+        h = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I16, 1), align=1)
+        bits = builder.bitcast(h, ir.VectorType(_I1, 16))
+        v = builder.trunc(_int(context, builder, args[2], sig.args[2]), _I16)
+        return builder.select(bits, _splat(builder, v, _W), _const(_W, 0))
+    return i16x16(f, types.intp, value), codegen
+
+
 @intrinsic
 def kscales(typingctx, f, o):
     """The 8 scales (lanes 0-7) and 8 mins (lanes 8-15) of a Q4_K/Q5_K super-block, 6 bits each,
@@ -432,6 +463,18 @@ def vamax(typingctx, v):
 
 
 @intrinsic
+def vamax2(typingctx, a, b):
+    """The largest |lane| of two f32x16 (one reduction for both)."""
+    def codegen(context, builder, sig, args):
+        fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF]), "llvm.fabs.v16f32")
+        vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF, _VF]), "llvm.maxnum.v16f32")
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_VF]), "llvm.vector.reduce.fmax.v16f32")
+        m = builder.call(vmax, [builder.call(fabs, [args[0]]), builder.call(fabs, [args[1]])])
+        return builder.call(fn, [m])
+    return types.float32(f32x16, f32x16), codegen
+
+
+@intrinsic
 def vrint(typingctx, v):
     """v rounded to the nearest integer, ties to even (the current rounding mode's)."""
     def codegen(context, builder, sig, args):
@@ -446,5 +489,15 @@ def vstore_i8(typingctx, arr, idx, v):
     def codegen(context, builder, sig, args):
         q = builder.trunc(builder.fptosi(args[2], _W32), ir.VectorType(_I8, 16))
         builder.store(q, _address(context, builder, sig.args[0], args[0], args[1], _I8, 16), align=1)
+        return context.get_dummy_value()
+    return types.void(arr, types.intp, f32x16), codegen
+
+
+@intrinsic
+def vstore_i16(typingctx, arr, idx, v):
+    """arr[idx:idx + 16] = v as int16, for lanes that hold integers in [-32768, 32767]."""
+    def codegen(context, builder, sig, args):
+        q = builder.trunc(builder.fptosi(args[2], _W32), _W)
+        builder.store(q, _address(context, builder, sig.args[0], args[0], args[1], _I16, 16), align=2)
         return context.get_dummy_value()
     return types.void(arr, types.intp, f32x16), codegen

@@ -208,20 +208,21 @@ class PoolBackend(SimdBackend):
             self._launch(parallel, *args, out, min(self.threads, rows))
 
     # -- dense ops ------------------------------------------------------------------------------
-    def linear(self, x, w):
+    def linear(self, x, w, legacy: bool | None = None):
         x = contiguous(x)
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
         if isinstance(w, QuantTensor):
             check_width(x, w)
             kind, tile = WeightKind.of(w), prefill_tile(w.shape[1])
+            legacy = self._legacy if legacy is None else legacy
             if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
-                Q.linear_for(kind)(w.data, x, out, tile, self._int8_mode(w))
+                Q.linear_for(kind)(w.data, x, out, tile, self._int8_mode(w), legacy)
             else:
                 # Prefill splits tiles of rows: at least one per thread (SmolLM2's 576 rows
                 # would otherwise be one tile, on one thread).
                 tile = min(tile, -(-w.shape[0] // self.threads))
                 self._launch(Q.linear_par_for(kind), w.data, x, out, tile, self.threads,
-                             self._int8_mode(w))
+                             self._int8_mode(w), legacy)
         elif x.shape[0] == 1:
             if self.threads == 1 or w.size < self.parallel_min_elements:
                 K.matvec(w, x[0], out[0], 0, w.shape[0])
@@ -234,20 +235,21 @@ class PoolBackend(SimdBackend):
     def linear_many(self, x, ws):
         """One launch over all the weights' rows (q/k/v, gate/up) when they are all quantized and
         x has at most Q.FEW_MAX rows, into one buffer whose column ranges are returned (views;
-        contiguous when x has one row); otherwise one linear per weight. (Decode calls this
+        contiguous when x has one row); otherwise one linear per weight (simd's linear_many, which
+        rounds x once for the legacy kinds' int16). (Decode calls this
         60 times a token on SmolLM2: one pass over ws gathers everything the launch needs.)"""
         x = contiguous(x)
         rows, cols = x.shape
         kinds, datas, total = [], [], 0
         for w in ws:
             if type(w) is not QuantTensor or rows > Q.FEW_MAX or self.threads == 1 or not self._one_launch:
-                return [self.linear(x, w) for w in ws]
+                return super().linear_many(x, ws)
             check_width(x, w)
             kinds.append(WeightKind.of(w))
             datas.append(w.data)
             total += w.shape[0]
         if total * x.size < self.parallel_min_elements:
-            return [self.linear(x, w) for w in ws]
+            return super().linear_many(x, ws)
         out = np.empty((rows, total), dtype=np.float32)  # [rows, sum of outs]
         # Always three weights (gate/up gets a weight of no rows, of the first one's kind): one
         # compiled kernel for both, one to load at start-up, not two (each costs the load line tens of ms).
@@ -255,12 +257,18 @@ class PoolBackend(SimdBackend):
             kinds.append(kinds[0])
             datas.append(NO_ROWS)
         self._launch(Q.linear_many_par_for(*kinds), tuple(datas), x, out, self.threads,
-                     max(self._int8_mode(w) for w in ws))
+                     max(self._int8_mode(w) for w in ws), self._legacy)
         views, start = [], 0
         for w in ws:
             views.append(out[:, start:start + w.shape[0]])
             start += w.shape[0]
         return views
+
+    def _rounded(self, x):
+        """simd's, a prefill's rows split across threads."""
+        if self.threads == 1 or x.shape[0] < Q.PAR_ACTIVATIONS:
+            return super()._rounded(x)
+        return self._launch(Q.rounded_par, x, self.threads)
 
     def _experts(self, w0, w1, x, out0, out1, plan, mode: int) -> None:
         """simd's, every chosen expert's rows cut into one chunk per thread, in one launch."""

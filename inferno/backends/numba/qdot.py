@@ -32,12 +32,14 @@ qkernels.matvec_rows does; for a few (`k_few`, the server's batched decode step)
 row's super-blocks meet four activation rows per pass, unpacked once for all four.
 
 Where this does not pay: the legacy kinds (Q4_0..Q8_0) have a float16 scale per 32 weights, so
-each group's int32 lanes would need a conversion and a float multiply-add of their own. Written
-that way (dpbusd, cvt, fma per group and activation row) it ran no faster than their float32
-kernels. Transposing eight weight rows by quads into the int32 lanes, so that one conversion
+each group's int32 lanes need a conversion and a float multiply-add of their own. Written that
+way (dpbusd, cvt, fma per group and activation row) it ran no faster than their float32 kernels
+on Zen 4, whose float vectors are 16 lanes; where they are 8 the integer matvec wins, and
+ldot.py is it (in int16: one int8 row was too coarse for them). Transposing eight weight rows by quads into the int32 lanes, so that one conversion
 serves eight rows' blocks, beat float32 from eight activation rows on but lost below (packing
 the transposed blocks decides small batches), which would make a sequence's logits depend on
-its batch (bench/RESULTS.md, "Figures behind the kernels' shape"). They stay float32.
+its batch (bench/RESULTS.md, "Figures behind the kernels' shape"). Their few and many rows
+stay float32.
 
 Every row is quantized on its own and multiplied the same way alone, in a batch or in a prefill
 (qkernels.linear takes this path for any number of rows), so a row's result does not depend on

@@ -12,7 +12,10 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   so the offset costs one scalar multiply-add per group; for Q4_K, Q5_K and Q6_K, where the backend
   says so (its int8_activations: by default where the machine has AVX2), the row is quantized
   to two int8 rows once per call and multiplied in integers instead (qdot.py: ~2x the weights
-  per second);
+  per second); the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), where the backend says so (its
+  int16_legacy: x86 without AVX-512), against the row rounded to int16 (ldot.py), and their few
+  or many rows then multiply x', the values those int16 hold, in float32 (ldot.rounded), so
+  that a row is computed alike however its tokens were grouped;
 - a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
   row decoded once for up to four activation rows; the K-quants, as above, in integers
   (qdot.k_few);
@@ -52,7 +55,7 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
-from inferno.backends.numba import jitcache, qdot, qgemm
+from inferno.backends.numba import jitcache, ldot, qdot, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.qdot import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
 from inferno.backends.numba.dense import FAST
@@ -445,11 +448,18 @@ def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
 
 # -- serial drivers (the simd backend) ----------------------------------------------------------------
 @jit
-def linear(kind, w, x, out, tile, mode):
+def linear(kind, w, x, out, tile, mode, legacy):
     """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B; x's rows times a kind that
     can (int_dot) take one or two int8 rows each for mode 1 or 2 (`activations`), however
-    many."""
+    many; times a legacy kind where `legacy` says so, rounded to int16 (ldot.py): one row in
+    integers, more as the float32 values they hold."""
     B, rows = x.shape[0], w.shape[0]
+    if legacy and ldot.legacy(kind):
+        if B == 1:
+            x16, dx, xs16 = ldot.quantized(x)
+            legacy_rows(kind, w, x16, dx, xs16, out[0], 0, rows)
+            return
+        x = ldot.rounded(x)
     if B > FEW_MAX and not (mode > 0 and int_dot(kind)):
         scratch = np.empty(tile * x.shape[1] + B * tile, np.float32)
         prefill_rows(kind, w, x, out, 0, rows, tile, scratch)
@@ -485,9 +495,33 @@ def activations_par(x, mode, chunks):
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_par(kind, w, x, out, tile, chunks, mode):
+def rounded_par(x, chunks):
+    """ldot.rounded, the rows split across the team when there are enough of them
+    (PAR_ACTIVATIONS)."""
+    B, n = x.shape
+    if B < PAR_ACTIVATIONS:
+        return ldot.rounded(x)
+    out = np.empty_like(x)
+    dx = np.empty((B, n // 32), np.float32)
+    xs = np.empty((B, n // 32), np.float32)
+    none = np.empty((0, n), np.int16)
+    for c in nb.prange(chunks):
+        ldot.quantize_rows(x, none, dx, xs, out, chunk_start(B, c, chunks, 1), chunk_start(B, c + 1, chunks, 1))
+    return out
+
+
+@nb.njit(parallel=True, cache=True, fastmath=FAST)
+def linear_par(kind, w, x, out, tile, chunks, mode, legacy):
     """`linear`, its rows split into `chunks` ranges, each on a thread of the team."""
     B, rows, n = x.shape[0], w.shape[0], x.shape[1]
+    if legacy and ldot.legacy(kind):
+        if B == 1:
+            x16, dx, xs16 = ldot.quantized(x)
+            for c in nb.prange(chunks):
+                legacy_rows(kind, w, x16, dx, xs16, out[0], chunk_start(rows, c, chunks, 2),
+                            chunk_start(rows, c + 1, chunks, 2))
+            return
+        x = rounded_par(x, chunks)
     if B > FEW_MAX and not (mode > 0 and int_dot(kind)):
         tiles = (rows + tile - 1) // tile
         scratch = np.empty((chunks, tile * n + B * tile), np.float32)  # one per thread
@@ -502,28 +536,73 @@ def linear_par(kind, w, x, out, tile, chunks, mode):
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_many_par(k0, k1, k2, ws, x, out, chunks, mode):
+def linear_many_par(k0, k1, k2, ws, x, out, chunks, mode, legacy):
     """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
     B <= FEW_MAX rows of x: the three weights' rows (kinds k0, k1, k2), taken end to end as one
     range, split into `chunks` pieces (a piece may span two weights). The weights may differ in
-    kind and rows; they share cols, so a row costs about the same in any."""
+    kind and rows; they share cols, so a row costs about the same in any. Each takes x as it
+    would alone (`linear`): a K-quant its int8 rows, a legacy kind where `legacy` says so its
+    int16 row or x' (lx: `legacy_inputs`), any other x."""
     xs, xq = activations_par(x, mode if int_dot(k0) or int_dot(k1) or int_dot(k2) else 0, chunks)
+    lx = legacy_inputs(x, legacy and (ldot.legacy(k0) or ldot.legacy(k1) or ldot.legacy(k2)))
     total = out.shape[1]
     for c in nb.prange(chunks):
         lo, hi = chunk_start(total, c, chunks, 2), chunk_start(total, c + 1, chunks, 2)
-        start = _piece(k0, ws[0], x, xs, xq, out, 0, lo, hi)  # each kind its own argument:
-        start = _piece(k1, ws[1], x, xs, xq, out, start, lo, hi)  # a literal to rows_kernel
-        _piece(k2, ws[2], x, xs, xq, out, start, lo, hi)
+        start = _piece(k0, ws[0], x, xs, xq, lx, out, 0, lo, hi)  # each kind its own argument:
+        start = _piece(k1, ws[1], x, xs, xq, lx, out, start, lo, hi)  # a literal to rows_kernel
+        _piece(k2, ws[2], x, xs, xq, lx, out, start, lo, hi)
 
 
 @jit
-def _piece(kind, w, x, xs, xq, out, start, lo, hi):
+def legacy_inputs(x, used):
+    """What a legacy kind multiplies where it takes int16 rows (`used`): (x16, dx, xs, xr, xrs),
+    one row rounded to int16 (ldot.quantized) or a few as x' (ldot.rounded) with their block
+    sums; arrays of no rows where unused."""
+    B, n = x.shape
+    x16, dx, xs = np.empty((0, n), np.int16), np.empty((0, n // 32), np.float32), np.empty((0, n // 32), np.float32)
+    xr, xrs = np.empty((0, n), np.float32), np.empty((0, n // 32), np.float32)
+    if used and B == 1:
+        x16, dx, xs = ldot.quantized(x)
+    elif used:
+        xr = ldot.rounded(x)
+        xrs = np.empty((B, n // 32), np.float32)
+        group_sums(xr, xrs, 0, B)
+    return x16, dx, xs, xr, xrs
+
+
+@jit
+def _piece(kind, w, x, xs, xq, lx, out, start, lo, hi):
     """The part of out's columns lo..hi that falls in w's rows, w's outputs starting at column
     `start`; returns where the next weight's start."""
     r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
     if r0 < r1:
-        rows_kernel(kind, w, x, xs, xq, out, start, r0, r1)
+        if ldot.legacy(kind) and lx[0].shape[0] > 0:
+            legacy_rows(kind, w, lx[0], lx[1], lx[2], out[0, start:], r0, r1)
+        elif ldot.legacy(kind) and lx[3].shape[0] > 0:
+            rows_kernel(kind, w, lx[3], lx[4], xq, out, start, r0, r1)
+        else:
+            rows_kernel(kind, w, x, xs, xq, out, start, r0, r1)
     return start + w.shape[0]
+
+
+def legacy_rows(kind, w, x16, dx, xs, y, r0, r1):
+    """ldot.l_rows for a legacy kind (a literal); for any other kind nothing, and nothing
+    compiled (jitted code only: the overload below)."""
+    raise TypeError("legacy_rows runs in jitted code only")
+
+
+@overload(legacy_rows, prefer_literal=True, jit_options=dict(fastmath=FAST))
+def _legacy_rows(kind, w, x16, dx, xs, y, r0, r1):
+    if not isinstance(kind, types.IntegerLiteral):
+        raise TypingError("legacy_rows needs its kind as a compile-time constant")
+    code = kind.literal_value
+    if code in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1):
+        def one_kind(kind, w, x16, dx, xs, y, r0, r1):
+            ldot.l_rows(code, w, x16, dx, xs, y, r0, r1)
+    else:
+        def one_kind(kind, w, x16, dx, xs, y, r0, r1):
+            pass
+    return one_kind
 
 
 # -- the drivers compiled per kind -----------------------------------------------------------------
@@ -535,34 +614,34 @@ def _piece(kind, w, x, xs, xq, out, start, lo, hi):
 # A model compiles and loads only the kinds it holds.
 @functools.cache
 def linear_for(kind: WeightKind):
-    """`linear` for one kind: (w, x, out, tile, mode)."""
+    """`linear` for one kind: (w, x, out, tile, mode, legacy)."""
     kind = int(WeightKind(kind))  # the closure's literal
 
     @jit
-    def linear_kind(w, x, out, tile, mode):
-        linear(kind, w, x, out, tile, mode)
+    def linear_kind(w, x, out, tile, mode, legacy):
+        linear(kind, w, x, out, tile, mode, legacy)
     return jitcache.lazy(linear_kind)
 
 
 @functools.cache
 def linear_par_for(kind: WeightKind):
-    """`linear_par` for one kind: (w, x, out, tile, chunks, mode)."""
+    """`linear_par` for one kind: (w, x, out, tile, chunks, mode, legacy)."""
     kind = int(WeightKind(kind))
 
     @jit
-    def linear_par_kind(w, x, out, tile, chunks, mode):
-        linear_par(kind, w, x, out, tile, chunks, mode)
+    def linear_par_kind(w, x, out, tile, chunks, mode, legacy):
+        linear_par(kind, w, x, out, tile, chunks, mode, legacy)
     return jitcache.lazy(linear_par_kind)
 
 
 @functools.cache
 def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind):
-    """`linear_many_par` for three kinds: (ws, x, out, chunks, mode)."""
+    """`linear_many_par` for three kinds: (ws, x, out, chunks, mode, legacy)."""
     k0, k1, k2 = (int(WeightKind(k)) for k in (k0, k1, k2))
 
     @jit
-    def linear_many_par_kinds(ws, x, out, chunks, mode):
-        linear_many_par(k0, k1, k2, ws, x, out, chunks, mode)
+    def linear_many_par_kinds(ws, x, out, chunks, mode, legacy):
+        linear_many_par(k0, k1, k2, ws, x, out, chunks, mode, legacy)
     return jitcache.lazy(linear_many_par_kinds)
 
 

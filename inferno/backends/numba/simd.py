@@ -29,6 +29,8 @@ from inferno.backends.base import (Backend, ExpertPlan, check_decode, check_expe
                                    check_top_k, score_scale)
 from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba.ilanes import fast_int_dot
+from inferno.backends.numba import ldot
+from inferno.backends.numba.ldot import LEGACY_KINDS, eight_lane_floats
 from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
 
@@ -103,6 +105,10 @@ class SimdBackend(Backend):
         # core. Decoded token by token against transformers the logits stay as close as with
         # float32 activations (bench/RESULTS.md). False keeps float32 activations.
         self.int8_activations = fast_int_dot() if int8_activations is None else bool(int8_activations)
+        # The legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) take theirs as int16 where float vectors
+        # are eight lanes (ldot.py: x86 without AVX-512, where their float32 matvec is the
+        # slower), when int8_activations is on; with AVX-512 the float32 kernels stay.
+        self.int16_legacy = eight_lane_floats()
         blas.limit_to_one_thread()  # sgemm on this core only
         jitcache.load_kernels_lazily()  # a warm load skips Numba's compiler set-up
         reuse_freed_activations()
@@ -115,6 +121,11 @@ class SimdBackend(Backend):
         if not self.int8_activations:
             return 0
         return 2 if w.outlier_inputs else 1
+
+    @property
+    def _legacy(self) -> bool:
+        """Whether products of the legacy kinds take their activations as int16 (ldot.py)."""
+        return self.int8_activations and self.int16_legacy
 
     def close(self) -> None:
         if not self._closed:
@@ -135,18 +146,38 @@ class SimdBackend(Backend):
         return w
 
     # -- dense ops ------------------------------------------------------------------------------
-    def linear(self, x, w):
+    def linear(self, x, w, legacy: bool | None = None):
+        """x @ w.T; `legacy` (internal) overrides whether a legacy kind rounds x to int16 (False
+        where x is already rounded: linear_many)."""
         x = contiguous(x)
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
         if isinstance(w, QuantTensor):
             check_width(x, w)
             Q.linear_for(WeightKind.of(w))(w.data, x, out, prefill_tile(w.shape[1]),
-                                                 self._int8_mode(w))
+                                           self._int8_mode(w), self._legacy if legacy is None else legacy)
         elif x.shape[0] == 1:
             K.matvec(w, x[0], out[0], 0, w.shape[0])
         else:
             np.matmul(x, w.T, out=out)
         return out
+
+    def linear_many(self, x, ws):
+        """[linear(x, w) for w in ws], x rounded to int16 once for all the legacy kinds that take
+        it so (ldot.py) when it has several rows (a prefill's q/k/v, gate/up), not once each."""
+        x = contiguous(x)
+        if x.shape[0] == 1 or not self._legacy:
+            return [self.linear(x, w) for w in ws]
+        rounds = [type(w) is QuantTensor and WeightKind.of(w) in LEGACY_KINDS for w in ws]
+        if sum(rounds) < 2:
+            return [self.linear(x, w) for w in ws]
+        for w in ws:
+            check_width(x, w)
+        xr = self._rounded(x)
+        return [self.linear(xr, w, legacy=False) if r else self.linear(x, w) for w, r in zip(ws, rounds)]
+
+    def _rounded(self, x):
+        """x' (ldot.rounded): the values x's rows take as int16."""
+        return ldot.rounded(x)
 
     def moe(self, x, router, experts, top_k: int, norm_topk: bool):
         """The reference's plan (base.ExpertPlan, routed and combined in experts.py's jitted
