@@ -210,3 +210,18 @@ def test_a_changed_callee_recompiles_its_callers(tmp_path):
     third = run(copy)
     assert third[0] != first[0] and third[1] > 0  # a new folder, compiled afresh
     assert (tmp_path / "kernels" / first[0]).is_dir()  # the old one stays
+
+
+def test_the_key_names_the_target_numba_compiles_for(monkeypatch):
+    """NUMBA_CPU_NAME / NUMBA_CPU_FEATURES (an AVX2-only target on an AVX-512 host, say) give
+    their own folder: machine code for one target is never loaded for another."""
+    from numba.core import config
+
+    host = jitcache.cache_key()
+    monkeypatch.setattr(config, "CPU_NAME", "haswell")
+    named = jitcache.cache_key()
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx2,-avx512f")
+    assert len({host, named, jitcache.cache_key()}) == 3
+    monkeypatch.setattr(config, "CPU_NAME", None)
+    monkeypatch.setattr(config, "CPU_FEATURES", None)
+    assert jitcache.cache_key() == host

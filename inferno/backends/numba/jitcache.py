@@ -57,17 +57,21 @@ _STALE_DAYS = 30  # kernel folders of other sources unused this long are removed
 
 def cache_key() -> str:
     """A hash of what compiled machine code depends on: the backends' sources, Numba's and
-    llvmlite's versions, the CPU's name and features."""
+    llvmlite's versions, and the CPU Numba compiles for (NUMBA_CPU_NAME and NUMBA_CPU_FEATURES
+    where set, else the host's: code built for one target is never loaded for another)."""
     import llvmlite
     import llvmlite.binding as llvm
     import numba
+    from numba.core import config
 
     h = hashlib.sha256()
     # the kernels import the backends' and the formats' code
     for path in sorted([*(PACKAGE / "backends").rglob("*.py"), *(PACKAGE / "formats").rglob("*.py")]):
         h.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
     h.update(f"numba {numba.__version__} llvmlite {llvmlite.__version__} {sys.version_info[:2]}".encode())
-    h.update(f"{llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}".encode())
+    name = config.CPU_NAME or llvm.get_host_cpu_name()
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else llvm.get_host_cpu_features().flatten()
+    h.update(f"{name} {features}".encode())
     return h.hexdigest()[:20]
 
 
