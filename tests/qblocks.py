@@ -118,13 +118,18 @@ def assert_int8_close(got, x, w: QuantTensor, two: bool):
     """got is x @ w.T computed from int8 activations (one row each, or two): within float32
     rounding of the reference on those, and within their rounding of the reference on x (see
     the module docstring)."""
-    xq, step = int8_activations(x, two)
+    _assert_rounded_close(got, x, w, *int8_activations(x, two))
+
+
+def _assert_rounded_close(got, x, w: QuantTensor, xq, step):
+    """got within float32 rounding of the reference on the rounded activations xq, and within
+    their rounding (step: each value's scale) of the reference on x."""
     assert_rounding_close(got, xq, w)
     dq = w.dequantize().astype(np.float64)  # [rows, cols]
     bound = step @ np.abs(dq).T / 2  # [B, rows]: sum_i |w_i| d_i / 2
     err = np.abs(got - x.astype(np.float64) @ dq.T)
     slack = 1e-7 * np.sqrt(w.shape[1]) * (np.abs(x.astype(np.float64)) @ magnitudes(w).T)  # float rounding
-    assert (err <= bound + slack).all(), f"max error {(err / bound).max():.3g} x sum|w| d / 2"
+    assert (err <= bound + slack).all(), f"max error {(err / np.maximum(bound, 1e-300)).max():.3g} x sum|w| d / 2"
 
 
 def int16_activations(x):
@@ -138,13 +143,7 @@ def int16_activations(x):
 def assert_int16_close(got, x, w: QuantTensor):
     """got is x @ w.T computed from int16 activations: within float32 rounding of the reference
     on them, and within their rounding of the reference on x (see the module docstring)."""
-    xq, step = int16_activations(x)
-    assert_rounding_close(got, xq, w)
-    dq = w.dequantize().astype(np.float64)
-    bound = step @ np.abs(dq).T / 2
-    err = np.abs(got - x.astype(np.float64) @ dq.T)
-    slack = 1e-7 * np.sqrt(w.shape[1]) * (np.abs(x.astype(np.float64)) @ magnitudes(w).T)
-    assert (err <= bound + slack).all(), f"max error {(err / np.maximum(bound, 1e-300)).max():.3g} x sum|w| d / 2"
+    _assert_rounded_close(got, x, w, *int16_activations(x))
 
 
 def activations_of(backend, w: QuantTensor) -> str:
