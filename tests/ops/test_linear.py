@@ -246,3 +246,29 @@ def test_reference_linear_tiles_bound_memory(backend, monkeypatch):
     w = random_blocks("Q5_1", 10, 64, seed=4)
     x = np.random.default_rng(0).standard_normal((2, 64), dtype=np.float32)
     assert_rounding_close(call(backend, "linear", x, w), x, w)
+
+
+# -- the weight streams' prefetch ---------------------------------------------------------------
+@pytest.mark.parametrize("cpu, locality", [("znver4", 3), ("znver1", 3), ("znver5", 3), ("sapphirerapids", 2),
+                                           ("skylake-avx512", 2), ("generic", 2), ("neoverse-v2", 2)])
+def test_prefetch_locality_by_vendor(cpu, locality):
+    """Into L1 on AMD's cores, L2 elsewhere (lanes.prefetch_locality says why)."""
+    from inferno.backends.numba import lanes
+    assert lanes.prefetch_locality(cpu) == locality
+
+
+def test_prefetch_reaches_the_code_with_the_targets_locality():
+    import numba as nb
+
+    from inferno.backends.numba import lanes
+
+    @nb.njit
+    def touch(f):
+        lanes.prefetch(f, 64)
+        return f[0]
+
+    f = np.arange(256, dtype=np.uint8)
+    assert touch(f) == 0
+    calls = [ln for ir in touch.inspect_llvm().values() for ln in ir.splitlines()
+             if "call void @llvm.prefetch" in ln]
+    assert calls and all(ln.endswith(f"i32 0, i32 {lanes.PREFETCH_LOCALITY}, i32 1)") for ln in calls)

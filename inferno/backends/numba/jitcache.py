@@ -64,12 +64,14 @@ def cache_key() -> str:
     import numba
     from numba.core import config
 
+    from inferno.backends.numba.lanes import target_cpu
+
     h = hashlib.sha256()
     # the kernels import the backends' and the formats' code
     for path in sorted([*(PACKAGE / "backends").rglob("*.py"), *(PACKAGE / "formats").rglob("*.py")]):
         h.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
     h.update(f"numba {numba.__version__} llvmlite {llvmlite.__version__} {sys.version_info[:2]}".encode())
-    name = config.CPU_NAME or llvm.get_host_cpu_name()
+    name = target_cpu()
     features = config.CPU_FEATURES if config.CPU_FEATURES is not None else llvm.get_host_cpu_features().flatten()
     h.update(f"{name} {features}".encode())
     return h.hexdigest()[:20]

@@ -305,22 +305,43 @@ def stack_f32(typingctx, n):
     return types.CPointer(types.float32)(n), codegen
 
 
+def target_cpu() -> str:
+    """The CPU Numba compiles for, as LLVM names it (znver4, sapphirerapids, ...):
+    NUMBA_CPU_NAME if set, else the host's."""
+    from llvmlite import binding
+    from numba.core import config
+
+    return config.CPU_NAME or binding.get_host_cpu_name()
+
+
+def prefetch_locality(cpu: str) -> int:
+    """LLVM's locality for `prefetch` on this CPU: 3 (x86's prefetcht0, into L1) on AMD's cores,
+    2 (prefetcht1, into L2) elsewhere. Measured both ways on each vendor (bench/RESULTS.md,
+    "Decode: the weights' prefetch into L2 instead of L1" for Intel, "The weights' prefetch on
+    AMD" for Zen 4): on an Intel host a prefetch into L1 holds one of the core's few L1 miss
+    buffers until its line arrives, and into L2 decode ran 1.06-1.12x faster; on Zen 4 the
+    prefetch into L2 left one core's matvec streaming from DRAM at half the rate it reads with
+    prefetches into L1."""
+    return 3 if cpu.startswith(("znver", "bdver", "btver")) else 2
+
+
+PREFETCH_LOCALITY = prefetch_locality(target_cpu())
+
+
 @intrinsic
 def prefetch(typingctx, f, o):
     """Hint that the bytes from f[o] on will be read soon (a no-op where the target has no
     prefetch). o may lie past the end: a prefetch never faults (x86, ARM), and the address is
     computed without LLVM's in-bounds promise. The weight streams of a matvec need it: one
     prefetch per block, a row pass ahead, tripled one core's read rate from DRAM (bench/RESULTS.md,
-    "Figures behind the kernels' shape"). Into L2 (x86's prefetcht1), not L1: on an Intel host
-    a matvec streaming from DRAM then read 16-18 GB/s on two cores instead of 14-16 (into L1,
-    each prefetch holds one of the core's few L1 miss buffers until its line arrives), and
-    decode ran 1.06-1.12x faster; non-temporal ones halved it ("Prefill on an Intel host")."""
+    "Figures behind the kernels' shape"). Into L1 or L2 as the CPU's vendor wants it
+    (PREFETCH_LOCALITY); a non-temporal one halved the rate on Intel ("Prefill on an Intel host")."""
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         p = builder.gep(builder.bitcast(data, _I8.as_pointer()), [args[1]])
         fnty = ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, PREFETCH_LOCALITY), ir.Constant(_I32, 1)])
         return context.get_dummy_value()
     return types.void(f, types.intp), codegen
 
