@@ -11,7 +11,8 @@ pairs added in int16, widened by one vpmaddwd every eight (the ceiling of those 
 The weight bytes stream from a 2 KiB buffer (L1), four loads a pass serving eight products, as
 a register-blocked tile does; the activation bytes sit in registers. A multiply-add counts two
 operations, so the figures read as llama.cpp's "GFLOP/s" of a GEMM. Beside it: the float32 FMA
-peak of lanes.vfma (16 lanes), the ceiling of the sgemm and float32 paths.
+peak of lanes.vfma (16 lanes), the ceiling of the sgemm and float32 paths, and the int16 peak
+(ilanes.dpwssd: 16 int16 products an instruction), the ceiling of lgemm's legacy-kind GEMM.
 
 The int8 loop is 256 bits wide, as ilanes' registers (and the kernels) are: a CPU with a full
 512-bit datapath (Zen 5) can do more with zmm registers than this shows. The float32 loop uses
@@ -35,12 +36,13 @@ import numpy as np  # noqa: E402
 
 from inferno.backends.numba import ilanes  # noqa: E402
 from inferno.backends.numba.ilanes import (  # noqa: E402
-    bload, dpbusd, fsum8, fzero8, iadd, ifma, izero, maddubs, maddwd, wadd, wzero,
+    bload, dpbusd, dpwssd, fsum8, fzero8, hload, iadd, ifma, izero, maddubs, maddwd, wadd, wzero,
 )
 from inferno.backends.numba.lanes import vfma, vload, vsum, vzero  # noqa: E402
 
 RING = 2048  # bytes of weights cycled through (in L1)
 INT8_MACS = 8 * 32  # multiply-adds a pass: 8 dpbusd of 32 byte products
+INT16_MACS = 8 * 16  # 8 dpwssd of 16 int16 products
 F32_MACS = 6 * 16  # 6 FMAs of 16 lanes
 
 
@@ -84,6 +86,24 @@ def wide_loop(w, x, passes, out):
     out[0] = fsum8(ifma(fzero8(), s, 1.0))
 
 
+@nb.njit(cache=False, nogil=True)
+def int16_loop(w, x, passes, out):
+    """As int8_loop with ilanes.dpwssd (int16 pairs: vpdpwssd with VNNI, else vpmaddwd + vpaddd):
+    the ceiling of lgemm's panels, which multiply the legacy kinds with int16 activations."""
+    x0, x1 = hload(x, 0), hload(x, 32)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = izero()
+    o = 0
+    for _ in range(passes):
+        w0, w1, w2, w3 = hload(w, o), hload(w, o + 32), hload(w, o + 64), hload(w, o + 96)
+        a0, a1 = dpwssd(a0, w0, x0), dpwssd(a1, w0, x1)
+        a2, a3 = dpwssd(a2, w1, x0), dpwssd(a3, w1, x1)
+        a4, a5 = dpwssd(a4, w2, x0), dpwssd(a5, w2, x1)
+        a6, a7 = dpwssd(a6, w3, x0), dpwssd(a7, w3, x1)
+        o = (o + 128) & (RING - 1)
+    s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
+    out[0] = fsum8(ifma(fzero8(), s, 1.0))
+
+
 @nb.njit(cache=False, nogil=True, fastmath={"contract"})
 def f32_loop(w, x, passes, out):
     """6 FMAs of 16 lanes a pass: 2 loaded vectors x 3 in registers."""
@@ -121,6 +141,7 @@ def main() -> None:
     wf, xf = rng.standard_normal(RING // 4, dtype=np.float32), rng.standard_normal(48, dtype=np.float32)
     t8 = timed(int8_loop, w8, x8, args.passes, args.repeats)
     tw = timed(wide_loop, w8, x8, args.passes, args.repeats)
+    t16 = timed(int16_loop, w8, x8, args.passes, args.repeats)
     tf = timed(f32_loop, wf, xf, args.passes, args.repeats)
     feats = ilanes.target_features()
     result = {
@@ -131,6 +152,7 @@ def main() -> None:
         "avx512": "avx512f" in feats,
         "int8_gops": INT8_MACS * 2 * args.passes / t8 / 1e9,
         "int8_int16_sums_gops": INT8_MACS * 2 * (args.passes // 8 * 8) / tw / 1e9,
+        "int16_gops": INT16_MACS * 2 * args.passes / t16 / 1e9,
         "f32_gflops": F32_MACS * 2 * args.passes / tf / 1e9,
     }
     result["int8_over_f32"] = result["int8_gops"] / result["f32_gflops"]
@@ -140,6 +162,8 @@ def main() -> None:
     print(f"{result['cpu']}, one core ({result['int8_instruction']}; 256-bit registers)")
     print(f"  int8 dot products   {result['int8_gops']:8.1f} GOP/s (a multiply-add is 2)")
     print(f"  int8, int16 sums    {result['int8_int16_sums_gops']:8.1f} GOP/s (vpmaddubsw+vpaddw: qgemm without VNNI)")
+    print(f"  int16 dot products  {result['int16_gops']:8.1f} GOP/s "
+          f"({'vpdpwssd' if ilanes.fast_int_dot() and ilanes._vnni() else 'vpmaddwd+vpaddd'}: lgemm's ceiling)")
     print(f"  float32 FMA         {result['f32_gflops']:8.1f} GFLOP/s")
     print(f"  ratio               {result['int8_over_f32']:8.2f}x")
 

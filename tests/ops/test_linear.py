@@ -153,6 +153,35 @@ def test_int8_gemm_on_panels(backend, name, outliers, batch, rows, blocks):
     assert (np.abs(got - few) <= 1e-6 * scale).all()
 
 
+@pytest.mark.backends("simd")
+@pytest.mark.parametrize("name", LEGACY)
+@pytest.mark.parametrize("batch", [1, 2, 7, 8, 9, 63, 64, 65, 511])
+@pytest.mark.parametrize("rows,blocks", [(1, 1), (9, 1), (24, 2), (25, 7), (49, 3)])
+def test_int16_gemm_on_panels(backend, name, batch, rows, blocks):
+    """lgemm.l_gemm, called directly (whether or not this machine's backends choose it) on every
+    row count (passes of four, two and one activation rows; passes of 24 weight rows, three
+    panels of eight, with short and empty last panels), one block and many: within int16
+    rounding of the dequantised product, and within float32 rounding of ldot's decode kernel on
+    the same int16 rows, row by row (the integers summed are the same)."""
+    from inferno.backends.numba import ldot, lgemm
+    from inferno.backends.numba.codes import WeightKind
+    kind = int(WeightKind[name])
+    w = random_blocks(name, rows, 32 * blocks, seed=rows * 7 + blocks, readonly=True)
+    rng = np.random.default_rng(batch)
+    x = rng.standard_normal((batch, w.shape[1]), dtype=np.float32)
+    x *= rng.choice([1e-6, 1.0, 1e4], (batch, blocks)).repeat(32, axis=1).astype(np.float32)
+    x[0, :32] = 0.0  # a zero block: dx = 0
+    x16, dx, xs = ldot.quantized(x)
+    got = np.full((batch, rows), np.nan, np.float32)
+    lgemm.l_gemm(kind, w.data, x16, dx, xs, got, 0, rows)
+    assert_int16_close(got, x, w)
+    alone = np.empty_like(got)
+    for b in range(batch):
+        ldot.l_rows(kind, w.data, x16[b:b + 1], dx[b:b + 1], xs[b:b + 1], alone[b], 0, rows)
+    scale = np.abs(x) @ magnitudes(w).T
+    assert (np.abs(got - alone) <= 1e-6 * scale).all()
+
+
 # Haswell's features: AVX2 and FMA, no AVX-512, no VNNI (some of this project's machines).
 AVX2_ONLY = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+mmx,+movbe,"
              "+popcnt,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
@@ -170,14 +199,24 @@ for name, ub in (("Q4_K", qdot.Q4_K_BYTES), ("Q5_K", qdot.Q5_K_BYTES), ("Q6_K", 
         got = np.empty((9, 19), np.float32)
         qgemm.k_gemm(ub, w.data, *qdot.quantize(x, two), got, 0, 19)
         np.save({out!r} + f"/{{name}}-{{two}}.npy", got)
+from inferno.backends.numba import ldot, lgemm
+from inferno.backends.numba.codes import WeightKind
+assert not lgemm.FAST
+for name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+    w = random_blocks(name, 29, 96, seed=3)
+    x = np.random.default_rng(4).standard_normal((7, 96), dtype=np.float32)
+    got = np.empty((7, 29), np.float32)
+    lgemm.l_gemm(int(WeightKind[name]), w.data, *ldot.quantized(x), got, 0, 29)
+    np.save({out!r} + f"/{{name}}.npy", got)
 """
 
 
 @pytest.mark.backends("simd")
 def test_int8_gemm_without_vnni(backend, tmp_path):
     """Compiled for an AVX2 machine without VNNI (Numba told so, in a fresh process: qgemm.WIDE,
-    int16 sums of vpmaddubsw's pairs), the kernel gives the same answers as this process's build
-    (vpdpbusd where the host has VNNI): the same integer sums, within float32 rounding."""
+    int16 sums of vpmaddubsw's pairs; lgemm's vpdpwssd as vpmaddwd and an add), the kernels give
+    the same answers as this process's build (vpdpbusd and vpdpwssd where the host has VNNI):
+    the same integer sums, within float32 rounding."""
     from inferno.backends.numba import qdot, qgemm
     import os
     import subprocess
@@ -197,6 +236,30 @@ def test_int8_gemm_without_vnni(backend, tmp_path):
             ub = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}[name]
             qgemm.k_gemm(ub, w.data, *qdot.quantize(x, two), here, 0, 19)
             assert (np.abs(wide - here) <= 1e-6 * (np.abs(x) @ np.abs(w.dequantize()).T)).all()
+    from inferno.backends.numba import ldot, lgemm
+    from inferno.backends.numba.codes import WeightKind
+    for name in LEGACY:  # lgemm's dpwssd as vpmaddwd + vpaddd: the same integers
+        w = random_blocks(name, 29, 96, seed=3)
+        x = np.random.default_rng(4).standard_normal((7, 96), dtype=np.float32)
+        wide = np.load(tmp_path / f"{name}.npy")
+        assert_int16_close(wide, x, w)
+        here = np.empty_like(wide)
+        lgemm.l_gemm(int(WeightKind[name]), w.data, *ldot.quantized(x), here, 0, 29)
+        assert (np.abs(wide - here) <= 1e-6 * (np.abs(x) @ magnitudes(w).T)).all()
+
+
+@pytest.mark.backends("simd")
+def test_int16_gemm_writes_only_its_rows(backend):
+    """lgemm.l_gemm on a row range that starts and ends inside its passes of 24 rows: the
+    rows outside it are left alone."""
+    from inferno.backends.numba import ldot, lgemm
+    from inferno.backends.numba.codes import WeightKind
+    w = random_blocks("Q5_0", 60, 64, seed=3, readonly=True)
+    x = np.random.default_rng(1).standard_normal((9, 64), dtype=np.float32)
+    got = np.full((9, 60), np.nan, np.float32)
+    lgemm.l_gemm(int(WeightKind.Q5_0), w.data, *ldot.quantized(x), got, 5, 37)
+    assert np.isnan(got[:, :5]).all() and np.isnan(got[:, 37:]).all()
+    assert_int16_close(got[:, 5:37], x, w.take_rows(np.arange(5, 37)))
 
 
 @pytest.mark.backends("simd")

@@ -219,6 +219,19 @@ def dpbusd(typingctx, acc, u, s):
 
 
 @intrinsic
+def dpwssd(typingctx, acc, a, b):
+    """acc + the sums of adjacent pairs of a x b (signed int16), as 8 int32: VNNI's vpdpwssd
+    where `dpbusd` has vpdpbusd, else vpmaddwd and an add (lgemm's int16 panels)."""
+    def codegen(context, builder, sig, args):
+        acc, a, b = args
+        if fast_int_dot() and _vnni():
+            return _x86(builder, "llvm.x86.avx512.vpdpwssd.256", _D,
+                        [acc, builder.bitcast(a, _D), builder.bitcast(b, _D)])
+        return builder.add(acc, _maddwd(builder, a, b))
+    return i32x8(i32x8, i16x16, i16x16), codegen
+
+
+@intrinsic
 def iadd(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.add(args[0], args[1])
@@ -238,6 +251,16 @@ def bsplat4(typingctx, f, o):
         w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=1)
         return builder.bitcast(_splat(builder, w, _D), _B)
     return i8x32(f, types.intp), codegen
+
+
+@intrinsic
+def hsplat2(typingctx, f, o):
+    """The 2 int16 f[o:o + 2] in each of the 8 pairs: two activations against eight weight rows'
+    (lgemm's panels, interleaved by pairs)."""
+    def codegen(context, builder, sig, args):
+        w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=2)
+        return builder.bitcast(_splat(builder, w, _D), _W)
+    return i16x16(f, types.intp), codegen
 
 
 @intrinsic
@@ -268,7 +291,8 @@ def _transpose8(builder, rows):
 @intrinsic
 def bstore_columns(typingctx, f, o, v0, v1, v2, v3, v4, v5, v6, v7):
     """f[o + 32 t: o + 32 t + 32] = the 4-byte words t of v0..v7, in that order, for t in 0..7:
-    eight rows' runs of 32 bytes, interleaved by fours (qgemm's panels)."""
+    eight rows' runs of 32 bytes, interleaved by fours (qgemm's panels; or 16 int16 each,
+    interleaved by pairs: lgemm's), f a byte array."""
     def codegen(context, builder, sig, args):
         cols = _transpose8(builder, [builder.bitcast(v, _D) for v in args[2:]])
         base = context.make_array(sig.args[0])(context, builder, args[0]).data
@@ -277,7 +301,10 @@ def bstore_columns(typingctx, f, o, v0, v1, v2, v3, v4, v5, v6, v7):
             p = builder.gep(base, [builder.add(o, ir.Constant(o.type, 32 * t))], inbounds=True)
             builder.store(col, builder.bitcast(p, _D.as_pointer()), align=1)
         return context.get_dummy_value()
-    return types.void(f, o, *([i8x32] * 8)), codegen
+    vty = v0 if v0 in (i8x32, i16x16) else None
+    if vty is None or any(v != vty for v in (v1, v2, v3, v4, v5, v6, v7)):
+        return None
+    return types.void(f, o, *([vty] * 8)), codegen
 
 
 # -- int16 sums and scales -----------------------------------------------------------------------------
@@ -292,6 +319,18 @@ def wadd(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.add(args[0], args[1])
     return i16x16(i16x16, i16x16), codegen
+
+
+@intrinsic
+def wsub_const(typingctx, a, c):
+    """a - c in int16 lanes, c a literal (lgemm: Q4_0's and Q5_0's q less their offset)."""
+    if not isinstance(c, types.IntegerLiteral):
+        return None
+    value = c.literal_value
+
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], _const(_W, value))
+    return i16x16(i16x16, c), codegen
 
 
 @intrinsic

@@ -1,5 +1,6 @@
 """Matvecs of the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) against int16 activations, where a
-float32 vector is eight lanes wide (x86 without AVX-512).
+float32 vector is eight lanes wide (x86 without AVX-512), or where VNNI runs a prefill's products
+of the same int16 rows (lgemm.py).
 
 Why: the float32 kernels (qkernels.matvec_rows) widen every weight to a float and multiply it by
 a float activation. Where float vectors are 256 bits that bounds a core to 8-13 G weights/s,
@@ -21,9 +22,14 @@ q as stored (Q8_0: signed bytes, m = 0; Q4_0: 0..15, m = -8 d; Q4_1: 0..15, m it
 0..31, m = -16 d; Q5_1: 0..31). The integer dot product is exact (|q qx| < 2^22, 32 of them), so
 a row's result equals the dequantised weights times x' up to float32 rounding.
 
-Decode alone runs here. A few rows or a prefill multiply the same x' (`rounded_rows`, the same
-rounding) through the float kernels or sgemm, so a row's result does not depend on how its
-tokens were grouped into steps beyond float32 rounding, and a prefill keeps sgemm's speed.
+Decode alone runs here. A few rows multiply the same x' (`rounded`, the same rounding) through
+the float kernels; a prefill the same int16 rows through lgemm's GEMM where there is VNNI, else
+x' through sgemm. A row's result then does not depend on how its tokens were grouped into steps
+beyond float32 rounding.
+
+On AVX-512 machines with VNNI the decode here ran as fast as the float32 kernels (SmolLM2's Q8_0,
+Q4_1 and Q5_0 files, Gemma 3: 0.99-1.10x, bench/RESULTS.md), so the backends turn it on there
+too, for the prefill's sake.
 """
 
 from __future__ import annotations

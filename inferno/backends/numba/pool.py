@@ -270,6 +270,20 @@ class PoolBackend(SimdBackend):
             return super()._rounded(x)
         return self._launch(Q.rounded_par, x, self.threads)
 
+    def _quantized(self, x):
+        """simd's, a prefill's rows split across threads."""
+        if self.threads == 1 or x.shape[0] < Q.PAR_ACTIVATIONS:
+            return super()._quantized(x)
+        return self._launch(Q.quantized_par, x, self.threads)
+
+    def _legacy_gemm(self, xq, w):
+        """simd's, the weight's rows split across threads (whole passes of the panels)."""
+        if self.threads == 1 or xq[0].shape[0] * w.shape[0] * w.shape[1] < self.parallel_min_elements:
+            return super()._legacy_gemm(xq, w)
+        out = np.empty((xq[0].shape[0], w.shape[0]), dtype=np.float32)
+        self._launch(Q.legacy_gemm_par_for(WeightKind.of(w)), w.data, *xq, out, min(self.threads, w.shape[0]))
+        return out
+
     def _experts(self, w0, w1, x, out0, out1, plan, mode: int) -> None:
         """simd's, every chosen expert's rows cut into one chunk per thread, in one launch."""
         work = x.shape[0] * (out0.shape[1] + out1.shape[1]) * x.shape[1]  # multiply-adds

@@ -13,9 +13,10 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   says so (its int8_activations: by default where the machine has AVX2), the row is quantized
   to two int8 rows once per call and multiplied in integers instead (qdot.py: ~2x the weights
   per second); the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), where the backend says so (its
-  int16_legacy: x86 without AVX-512), against the row rounded to int16 (ldot.py), and their few
-  or many rows then multiply x', the values those int16 hold, in float32 (ldot.rounded), so
-  that a row is computed alike however its tokens were grouped;
+  int16_legacy: x86 without AVX-512, or with VNNI), against the row rounded to int16 (ldot.py),
+  and their few rows then multiply x', the values those int16 hold, in float32 (ldot.rounded),
+  and their many the same int16 rows (below), so that a row is computed alike however its
+  tokens were grouped;
 - a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
   row decoded once for up to four activation rows; the K-quants, as above, in integers
   (qdot.k_few);
@@ -24,7 +25,10 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   wide or more: 32 and 1024 with VNNI, 16 and any without)
   through qgemm.k_gemm instead (two panels of eight weight rows against four activation rows per vpdpbusd step), and
   fewer through qdot.k_few. The integers summed are the same in all three (k_rows, k_few,
-  k_gemm); only the float32 order of adding them up differs. Decode, a batch and a prefill then
+  k_gemm); only the float32 order of adding them up differs. The legacy kinds with int16
+  activations take more than FEW_MAX rows through lgemm.l_gemm where there is VNNI (three panels
+  of eight weight rows against four activation rows per vpdpwssd step; the same integers as
+  ldot.l_rows), else sgemm on x'. Decode, a batch and a prefill then
   compute a row the same way: a sequence's logits do not depend on how its tokens were grouped
   into steps (a chat turn prefilled after a reused cache, a server step shared with others)
   beyond float32 rounding;
@@ -55,7 +59,7 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
-from inferno.backends.numba import jitcache, ldot, qdot, qgemm
+from inferno.backends.numba import jitcache, ldot, lgemm, qdot, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.qdot import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
 from inferno.backends.numba.dense import FAST
@@ -87,6 +91,8 @@ GEMM_MIN_COLS = 0 if qgemm.WIDE else 1024
 # rows took 0.3-2 ms a call on one, serial before each product; a decode row stays on one thread,
 # where a second launch would cost more than it saves).
 PAR_ACTIVATIONS = 64
+# Weight rows per pass of lgemm's panels: the parallel drivers split a prefill's rows on them.
+PASS_ROWS = lgemm.PANELS * lgemm.P
 
 
 # -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
@@ -459,6 +465,10 @@ def linear(kind, w, x, out, tile, mode, legacy):
             x16, dx, xs16 = ldot.quantized(x)
             legacy_rows(kind, w, x16, dx, xs16, out[0], 0, rows)
             return
+        if B > FEW_MAX and lgemm.FAST:
+            x16, dx, xs16 = ldot.quantized(x)
+            legacy_gemm(kind, w, x16, dx, xs16, out, 0, rows)
+            return
         x = ldot.rounded(x)
     if B > FEW_MAX and not (mode > 0 and int_dot(kind)):
         scratch = np.empty(tile * x.shape[1] + B * tile, np.float32)
@@ -511,6 +521,32 @@ def rounded_par(x, chunks):
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
+def quantized_par(x, chunks):
+    """ldot.quantized's (x16, dx, xs), the rows split across the team when there are enough of
+    them (PAR_ACTIVATIONS)."""
+    B, n = x.shape
+    if B < PAR_ACTIVATIONS:
+        return ldot.quantized(x)
+    x16 = np.empty((B, n), np.int16)
+    dx = np.empty((B, n // 32), np.float32)
+    xs = np.empty((B, n // 32), np.float32)
+    none = np.empty((0, n), np.float32)
+    for c in nb.prange(chunks):
+        ldot.quantize_rows(x, x16, dx, xs, none, chunk_start(B, c, chunks, 1), chunk_start(B, c + 1, chunks, 1))
+    return x16, dx, xs
+
+
+@nb.njit(parallel=True, cache=True, fastmath=FAST)
+def legacy_gemm_par(kind, w, x16, dx, xs, out, chunks):
+    """legacy_gemm over all of w's rows, split into `chunks` ranges of whole passes (PASS_ROWS),
+    each on a thread of the team."""
+    rows = w.shape[0]
+    for c in nb.prange(chunks):
+        legacy_gemm(kind, w, x16, dx, xs, out, chunk_start(rows, c, chunks, PASS_ROWS),
+                    chunk_start(rows, c + 1, chunks, PASS_ROWS))
+
+
+@nb.njit(parallel=True, cache=True, fastmath=FAST)
 def linear_par(kind, w, x, out, tile, chunks, mode, legacy):
     """`linear`, its rows split into `chunks` ranges, each on a thread of the team."""
     B, rows, n = x.shape[0], w.shape[0], x.shape[1]
@@ -520,6 +556,12 @@ def linear_par(kind, w, x, out, tile, chunks, mode, legacy):
             for c in nb.prange(chunks):
                 legacy_rows(kind, w, x16, dx, xs16, out[0], chunk_start(rows, c, chunks, 2),
                             chunk_start(rows, c + 1, chunks, 2))
+            return
+        if B > FEW_MAX and lgemm.FAST:
+            x16, dx, xs16 = quantized_par(x, chunks)
+            for c in nb.prange(chunks):
+                legacy_gemm(kind, w, x16, dx, xs16, out, chunk_start(rows, c, chunks, PASS_ROWS),
+                            chunk_start(rows, c + 1, chunks, PASS_ROWS))
             return
         x = rounded_par(x, chunks)
     if B > FEW_MAX and not (mode > 0 and int_dot(kind)):
@@ -605,6 +647,26 @@ def _legacy_rows(kind, w, x16, dx, xs, y, r0, r1):
     return one_kind
 
 
+def legacy_gemm(kind, w, x16, dx, xs, out, r0, r1):
+    """lgemm.l_gemm for a legacy kind (a literal); for any other kind nothing, and nothing
+    compiled (jitted code only: the overload below)."""
+    raise TypeError("legacy_gemm runs in jitted code only")
+
+
+@overload(legacy_gemm, prefer_literal=True, jit_options=dict(fastmath=FAST))
+def _legacy_gemm(kind, w, x16, dx, xs, out, r0, r1):
+    if not isinstance(kind, types.IntegerLiteral):
+        raise TypingError("legacy_gemm needs its kind as a compile-time constant")
+    code = kind.literal_value
+    if code in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1):
+        def one_kind(kind, w, x16, dx, xs, out, r0, r1):
+            lgemm.l_gemm(code, w, x16, dx, xs, out, r0, r1)
+    else:
+        def one_kind(kind, w, x16, dx, xs, out, r0, r1):
+            pass
+    return one_kind
+
+
 # -- the drivers compiled per kind -----------------------------------------------------------------
 # The drivers took the kind as a run-time argument and compiled every kind's loops into one
 # object (1.2 MB of machine code for linear_par; the default model's first run compiled for two
@@ -643,6 +705,29 @@ def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind):
     def linear_many_par_kinds(ws, x, out, chunks, mode, legacy):
         linear_many_par(k0, k1, k2, ws, x, out, chunks, mode, legacy)
     return jitcache.lazy(linear_many_par_kinds)
+
+
+@functools.cache
+def legacy_gemm_for(kind: WeightKind):
+    """lgemm's GEMM over all of a legacy weight's rows, its activations already quantized
+    (ldot.quantized: weights that share x share one rounding): (w, x16, dx, xs, out)."""
+    kind = int(WeightKind(kind))
+
+    @jit
+    def legacy_gemm_kind(w, x16, dx, xs, out):
+        legacy_gemm(kind, w, x16, dx, xs, out, 0, w.shape[0])
+    return jitcache.lazy(legacy_gemm_kind)
+
+
+@functools.cache
+def legacy_gemm_par_for(kind: WeightKind):
+    """`legacy_gemm_for`, the rows split across the team: (w, x16, dx, xs, out, chunks)."""
+    kind = int(WeightKind(kind))
+
+    @jit
+    def legacy_gemm_par_kind(w, x16, dx, xs, out, chunks):
+        legacy_gemm_par(kind, w, x16, dx, xs, out, chunks)
+    return jitcache.lazy(legacy_gemm_par_kind)
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)

@@ -29,7 +29,7 @@ from inferno.backends.base import (Backend, ExpertPlan, check_decode, check_expe
                                    check_top_k, score_scale)
 from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba.ilanes import fast_int_dot
-from inferno.backends.numba import ldot
+from inferno.backends.numba import ldot, lgemm
 from inferno.backends.numba.ldot import LEGACY_KINDS, eight_lane_floats
 from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
@@ -105,10 +105,12 @@ class SimdBackend(Backend):
         # core. Decoded token by token against transformers the logits stay as close as with
         # float32 activations (bench/RESULTS.md). False keeps float32 activations.
         self.int8_activations = fast_int_dot() if int8_activations is None else bool(int8_activations)
-        # The legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) take theirs as int16 where float vectors
-        # are eight lanes (ldot.py: x86 without AVX-512, where their float32 matvec is the
-        # slower), when int8_activations is on; with AVX-512 the float32 kernels stay.
-        self.int16_legacy = eight_lane_floats()
+        # The legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) take theirs as int16, when
+        # int8_activations is on, where float vectors are eight lanes (ldot.py: x86 without
+        # AVX-512, where their float32 matvec is the slower) or where VNNI multiplies int16 pairs
+        # (lgemm.py: a prefill's products at 1.4-2x sgemm's rate; decode in integers there
+        # measured even with the float32 kernels). Elsewhere the float32 kernels stay.
+        self.int16_legacy = eight_lane_floats() or lgemm.FAST
         blas.limit_to_one_thread()  # sgemm on this core only
         jitcache.load_kernels_lazily()  # a warm load skips Numba's compiler set-up
         reuse_freed_activations()
@@ -163,7 +165,8 @@ class SimdBackend(Backend):
 
     def linear_many(self, x, ws):
         """[linear(x, w) for w in ws], x rounded to int16 once for all the legacy kinds that take
-        it so (ldot.py) when it has several rows (a prefill's q/k/v, gate/up), not once each."""
+        it so (ldot.py) when it has several rows (a prefill's q/k/v, gate/up), not once each:
+        as int16 rows for lgemm's GEMM (past Q.FEW_MAX rows, where it runs), else as x'."""
         x = contiguous(x)
         if x.shape[0] == 1 or not self._legacy:
             return [self.linear(x, w) for w in ws]
@@ -172,8 +175,21 @@ class SimdBackend(Backend):
             return [self.linear(x, w) for w in ws]
         for w in ws:
             check_width(x, w)
+        if x.shape[0] > Q.FEW_MAX and lgemm.FAST:
+            xq = self._quantized(x)
+            return [self._legacy_gemm(xq, w) if r else self.linear(x, w) for w, r in zip(ws, rounds)]
         xr = self._rounded(x)
         return [self.linear(xr, w, legacy=False) if r else self.linear(x, w) for w, r in zip(ws, rounds)]
+
+    def _quantized(self, x):
+        """x's rows as int16 (ldot.quantized): (x16, dx, xs)."""
+        return ldot.quantized(x)
+
+    def _legacy_gemm(self, xq, w):
+        """x @ w.T for a legacy kind w, x quantized (`_quantized`), through lgemm's GEMM."""
+        out = np.empty((xq[0].shape[0], w.shape[0]), dtype=np.float32)
+        Q.legacy_gemm_for(WeightKind.of(w))(w.data, *xq, out)
+        return out
 
     def _rounded(self, x):
         """x' (ldot.rounded): the values x's rows take as int16."""
