@@ -27,9 +27,9 @@ the float kernels; a prefill the same int16 rows through lgemm's GEMM where ther
 x' through sgemm. A row's result then does not depend on how its tokens were grouped into steps
 beyond float32 rounding.
 
-On AVX-512 machines with VNNI the decode here ran as fast as the float32 kernels (SmolLM2's Q8_0,
-Q4_1 and Q5_0 files, Gemma 3: 0.99-1.10x, bench/RESULTS.md), so the backends turn it on there
-too, for the prefill's sake.
+On AVX-512 machines with VNNI the decode here ran within noise of the float32 kernels (SmolLM2's
+Q8_0, Q4_1, Q5_0 and Q4_K_M files, Gemma 3: 0.94-1.11x, bench/RESULTS.md), so the backends turn
+it on there too, for the prefill's sake.
 """
 
 from __future__ import annotations

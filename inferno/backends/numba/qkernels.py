@@ -559,9 +559,7 @@ def linear_par(kind, w, x, out, tile, chunks, mode, legacy):
             return
         if B > FEW_MAX and lgemm.FAST:
             x16, dx, xs16 = quantized_par(x, chunks)
-            for c in nb.prange(chunks):
-                legacy_gemm(kind, w, x16, dx, xs16, out, chunk_start(rows, c, chunks, PASS_ROWS),
-                            chunk_start(rows, c + 1, chunks, PASS_ROWS))
+            legacy_gemm_par(kind, w, x16, dx, xs16, out, chunks)
             return
         x = rounded_par(x, chunks)
     if B > FEW_MAX and not (mode > 0 and int_dot(kind)):
