@@ -167,6 +167,85 @@ def test_nothing_compiles_during_generation(tmp_path_factory):
     assert taken == {k: [] for k in taken}, taken
 
 
+LINKING = """
+import json
+import numpy as np
+from numba import njit
+from inferno.backends.numba import dense, jitcache
+
+jitcache.load_kernels_lazily()  # as the backends do when they are made
+x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(3, 8)
+direct = np.empty_like(x)
+dense.softmax_rows(x, direct, 0, 3)  # from the cache, on the second run
+library = next(iter(dense.softmax_rows.overloads.values())).library
+lazy = type(library).__name__ == "_ObjectLibrary" and library._shared_module is None
+
+
+@njit
+def caller(x, out, r0):  # compiled here, never cached: Numba links the kernel's bitcode into it
+    dense.softmax_rows(x, out, r0, x.shape[0])
+
+
+linked = np.empty_like(x)
+caller(x, linked, 0)  # the signature loaded above (a literal 0 in caller would type as another)
+print(json.dumps(dict(lazy=lazy, parsed=library._shared_module is not None,
+                      same=bool(np.array_equal(direct, linked)), sums=linked.sum(axis=1).tolist())))
+"""
+
+
+def test_a_cached_kernels_bitcode_waits_for_a_kernel_that_links_it(tmp_path):
+    """A cached kernel loads without its bitcode being parsed; a kernel compiled afterwards that
+    calls it still links (the bitcode is parsed then) and computes the same. Fresh processes on
+    a kernel cache of their own: the first compiles, the second loads."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(INFERNO_KERNELS=str(tmp_path / "kernels"))
+
+    def run():
+        p = subprocess.run([sys.executable, "-c", LINKING], capture_output=True, text=True, timeout=600, env=env)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout.splitlines()[-1])
+    first, second = run(), run()
+    assert not first["lazy"]  # compiled in that process: Numba's own library
+    assert second["lazy"] and second["parsed"] and second["same"]
+    assert first["sums"] == pytest.approx([1.0] * 3, rel=1e-6) and second["sums"] == first["sums"]
+
+
+def test_symbols_from_the_object_file_are_the_bitcodes():
+    """The names elf_defined_symbols reads from a kernel's object file are those Numba would
+    list from its bitcode, less private ones (lookup tables, which no one looks up by name)."""
+    import llvmlite.binding as ll
+    import numpy as np
+    from numba import njit
+
+    from inferno.backends.numba import dense
+
+    @njit
+    def kernel(x, out):
+        dense.softmax_rows(x, out, 0, x.shape[0])
+        return np.sum(out)
+
+    table = np.arange(7, dtype=np.int64) ** 2
+
+    @njit
+    def lookup(i):
+        return table[i % 7] + (3, 5, 8, 13)[i % 4]
+
+    kernel(np.ones((2, 4), np.float32), np.empty((2, 4), np.float32))
+    lookup(5)
+    # compiled here: a library loaded from a cache has handed its object file to LLVM
+    for library in [cres.library for f in (kernel, lookup) for cres in f.overloads.values()]:
+        _, kind, (obj, bitcode) = library.serialize_using_object_code()
+        module = ll.parse_bitcode(bitcode)
+        named = {g.name for items in (module.functions, module.global_variables) for g in items
+                 if not g.is_declaration and g.linkage != ll.Linkage.private}
+        got = jitcache.elf_defined_symbols(obj)
+        assert kind == "object" and got is not None and len(got) > 1
+        assert got == named
+    assert jitcache.elf_defined_symbols(b"\xcf\xfa\xed\xfe" + bytes(60)) is None  # Mach-O: Numba's way
+    assert jitcache.elf_defined_symbols(b"\x7fELF\x02\x01" + bytes(10)) is None  # cut short
+
+
 STALE = """
 import numpy as np
 from numba.core.event import install_recorder

@@ -27,6 +27,13 @@ clean clone, a worktree of a release, a reinstall), with the package's own
 backends/numba/__pycache__ as the fallback where that cannot be written. Only inferno's own
 files are cached there (a locator of Numba's cache, in front of its own); NUMBA_CACHE_DIR, when
 set, wins (Numba's own keying, then).
+
+A cached kernel holds its machine code (an object file) and its LLVM bitcode, kept for inlining
+into kernels compiled later. Numba parses that bitcode at every load, only to list the symbols
+the library defines: about 10 ms a kernel here, half of a warm load's kernel time. inferno's
+kernels take the list from the object file's symbol table instead (ELF: the same names, less
+the private lookup tables nobody asks for), and the bitcode is parsed only if a kernel compiled
+later links against them (`_ObjectLibrary`).
 """
 
 from __future__ import annotations
@@ -35,19 +42,26 @@ import functools
 import hashlib
 import os
 import shutil
+import struct
 import sys
+import threading
 import time
 from pathlib import Path
 
 try:
+    import llvmlite.binding as ll
     from numba.core import caching
+    from numba.core.codegen import JITCodeLibrary
     from numba.core.dispatcher import Dispatcher
     from numba.core.runtime import rtsys
     _SUPPORTED = all(hasattr(caching.Cache, name) for name in ("_load_overload", "_guard_against_spurious_io_errors"))
+    _LAZY_BITCODE = _SUPPORTED and all(hasattr(JITCodeLibrary, name) for name in (
+        "_unserialize", "enable_object_caching", "_set_compiled_object", "_finalize_final_module",
+        "_get_module_for_linking"))
     _LOCATORS = (isinstance(getattr(getattr(caching, "CacheImpl", None), "_locator_classes", None), list)
                  and hasattr(caching, "_SourceFileBackedLocatorMixin") and hasattr(caching, "_CacheLocator"))
 except ImportError:  # a Numba whose internals moved: keep its own loading
-    _SUPPORTED = _LOCATORS = False
+    _SUPPORTED = _LOCATORS = _LAZY_BITCODE = False
 
 
 PACKAGE = Path(__file__).resolve().parents[2]  # inferno/
@@ -147,14 +161,87 @@ def use_keyed_cache() -> Path | None:
 CACHE_FOLDER = use_keyed_cache()  # before any kernel module defines its kernels (they import this first)
 
 
+def elf_defined_symbols(obj: bytes) -> set[str] | None:
+    """The names an ELF64 little-endian object file defines (functions and data, local or
+    global), from its symbol table; None for any other format (Mach-O, COFF) or a table that
+    does not read whole, where Numba's own way is taken."""
+    try:
+        if obj[:6] != b"\x7fELF\x02\x01":
+            return None
+        (shoff,) = struct.unpack_from("<Q", obj, 0x28)
+        entsize, count = struct.unpack_from("<HH", obj, 0x3A)
+        # section header: name type flags addr offset size link info align entsize
+        sections = [struct.unpack_from("<IIQQQQIIQQ", obj, shoff + i * entsize) for i in range(count)]
+        names = set()
+        for _, kind, _, _, offset, size, link, _, _, symsize in sections:
+            if kind != 2:  # SHT_SYMTAB
+                continue
+            strings = sections[link][4]
+            for at in range(offset, offset + size, symsize):
+                name, info, _, section, _, _ = struct.unpack_from("<IBBHQQ", obj, at)
+                if name and section != 0 and info & 0xF not in (3, 4):  # defined; not SECTION, FILE
+                    names.add(obj[strings + name:obj.index(b"\0", strings + name)].decode())
+        return names
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError):
+        return None
+
+
+_loading = threading.local()  # whether this thread is inside _load_overload
+
+
+if _LAZY_BITCODE:
+    class _ObjectLibrary(JITCodeLibrary):
+        """Numba's JIT code library; one of inferno's cached kernels skips the bitcode at load
+        (see the module docstring): the engine learns its symbols from the object file, and the
+        bitcode waits as bytes for a kernel that links against it. Anything else is Numba's."""
+
+        _linking_bitcode: bytes | None = None
+
+        @classmethod
+        def _unserialize(cls, codegen, state):
+            name, kind, data = state
+            engine = codegen._engine
+            symbols = (elf_defined_symbols(data[0]) if kind == "object" and getattr(_loading, "ours", False)
+                       and isinstance(getattr(engine, "_defined_symbols", None), set) else None)
+            if symbols is None:
+                return super()._unserialize(codegen, state)
+            self = codegen.create_library(name)
+            self.enable_object_caching()
+            self._set_compiled_object(data[0])
+            self._linking_bitcode = data[1]
+            self._finalize_final_module()
+            engine._defined_symbols |= symbols
+            return self
+
+        def _get_module_for_linking(self):
+            if self._shared_module is None and self._linking_bitcode is not None:
+                self._shared_module = ll.parse_bitcode(self._linking_bitcode)
+                self._linking_bitcode = None
+            return super()._get_module_for_linking()
+
+
+def _use_object_libraries(target_context) -> None:
+    """Have the CPU codegen make _ObjectLibrary objects (they are Numba's own unless loaded by
+    the loader below)."""
+    codegen = target_context.codegen()
+    if _LAZY_BITCODE and getattr(codegen, "_library_class", None) is JITCodeLibrary:
+        codegen._library_class = _ObjectLibrary
+
+
 def _load_overload(cache, sig, target_context):
-    """Numba's Cache.load_overload, less the refresh; on a miss (Numba compiles next), one
-    notice per process, so that a first run's half minute of compiling is not taken for a hang."""
+    """Numba's Cache.load_overload, less the refresh and the bitcode; on a miss (Numba compiles
+    next), one notice per process, so that a first run's half minute of compiling is not taken
+    for a hang."""
     global _told
     rtsys.initialize(target_context)  # the one part of the refresh a loaded kernel calls into
-    found = None
-    with cache._guard_against_spurious_io_errors():
-        found = cache._load_overload(sig, target_context)
+    _use_object_libraries(target_context)
+    found, outer = None, getattr(_loading, "ours", False)
+    _loading.ours = True
+    try:
+        with cache._guard_against_spurious_io_errors():
+            found = cache._load_overload(sig, target_context)
+    finally:
+        _loading.ours = outer
     if found is None and not _told:
         _told = True
         print("note: compiling inferno's kernels for this CPU and these weight types, once (tens of "
