@@ -163,8 +163,8 @@ CACHE_FOLDER = use_keyed_cache()  # before any kernel module defines its kernels
 
 def elf_defined_symbols(obj: bytes) -> set[str] | None:
     """The names an ELF64 little-endian object file defines (functions and data, local or
-    global), from its symbol table; None for any other format (Mach-O, COFF) or a table that
-    does not read whole, where Numba's own way is taken."""
+    global), from its symbol table; None for any other format (Mach-O, COFF), a file without
+    a symbol table or a table that does not read whole, where Numba's own way is taken."""
     try:
         if obj[:6] != b"\x7fELF\x02\x01":
             return None
@@ -181,7 +181,7 @@ def elf_defined_symbols(obj: bytes) -> set[str] | None:
                 name, info, _, section, _, _ = struct.unpack_from("<IBBHQQ", obj, at)
                 if name and section != 0 and info & 0xF not in (3, 4):  # defined; not SECTION, FILE
                     names.add(obj[strings + name:obj.index(b"\0", strings + name)].decode())
-        return names
+        return names or None  # no symbol table (or extended numbering): not a file to trust
     except (struct.error, ValueError, IndexError, UnicodeDecodeError):
         return None
 
@@ -201,8 +201,11 @@ if _LAZY_BITCODE:
         def _unserialize(cls, codegen, state):
             name, kind, data = state
             engine = codegen._engine
-            symbols = (elf_defined_symbols(data[0]) if kind == "object" and getattr(_loading, "ours", False)
-                       and isinstance(getattr(engine, "_defined_symbols", None), set) else None)
+            ours = (kind == "object" and getattr(_loading, "ours", False)
+                    and isinstance(getattr(engine, "_defined_symbols", None), set)
+                    and isinstance(data, tuple) and len(data) == 2  # (object file, bitcode), as Numba 0.68 writes them
+                    and all(isinstance(b, bytes) for b in data))
+            symbols = elf_defined_symbols(data[0]) if ours else None
             if symbols is None:
                 return super()._unserialize(codegen, state)
             self = codegen.create_library(name)
