@@ -625,24 +625,27 @@ def _piece(kind, w, x, xs, xq, lx, out, start, lo, hi):
     return start + w.shape[0]
 
 
-def legacy_rows(kind, w, x16, dx, xs, y, r0, r1):
+def _legacy_kinds_only(stub, kernel):
+    """Overload `stub` (kind, w, x16, dx, xs, out, r0, r1) as `kernel` for a legacy kind (a
+    literal); for any other kind nothing, and nothing compiled."""
+    @overload(stub, prefer_literal=True, jit_options=dict(fastmath=FAST))
+    def _for_kind(kind, w, x16, dx, xs, out, r0, r1):
+        if not isinstance(kind, types.IntegerLiteral):
+            raise TypingError(f"{stub.__name__} needs its kind as a compile-time constant")
+        code = kind.literal_value
+        if code in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1):
+            def one_kind(kind, w, x16, dx, xs, out, r0, r1):
+                kernel(code, w, x16, dx, xs, out, r0, r1)
+        else:
+            def one_kind(kind, w, x16, dx, xs, out, r0, r1):
+                pass
+        return one_kind
+
+
+def legacy_rows(kind, w, x16, dx, xs, out, r0, r1):
     """ldot.l_rows for a legacy kind (a literal); for any other kind nothing, and nothing
     compiled (jitted code only: the overload below)."""
     raise TypeError("legacy_rows runs in jitted code only")
-
-
-@overload(legacy_rows, prefer_literal=True, jit_options=dict(fastmath=FAST))
-def _legacy_rows(kind, w, x16, dx, xs, y, r0, r1):
-    if not isinstance(kind, types.IntegerLiteral):
-        raise TypingError("legacy_rows needs its kind as a compile-time constant")
-    code = kind.literal_value
-    if code in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1):
-        def one_kind(kind, w, x16, dx, xs, y, r0, r1):
-            ldot.l_rows(code, w, x16, dx, xs, y, r0, r1)
-    else:
-        def one_kind(kind, w, x16, dx, xs, y, r0, r1):
-            pass
-    return one_kind
 
 
 def legacy_gemm(kind, w, x16, dx, xs, out, r0, r1):
@@ -651,18 +654,8 @@ def legacy_gemm(kind, w, x16, dx, xs, out, r0, r1):
     raise TypeError("legacy_gemm runs in jitted code only")
 
 
-@overload(legacy_gemm, prefer_literal=True, jit_options=dict(fastmath=FAST))
-def _legacy_gemm(kind, w, x16, dx, xs, out, r0, r1):
-    if not isinstance(kind, types.IntegerLiteral):
-        raise TypingError("legacy_gemm needs its kind as a compile-time constant")
-    code = kind.literal_value
-    if code in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1):
-        def one_kind(kind, w, x16, dx, xs, out, r0, r1):
-            lgemm.l_gemm(code, w, x16, dx, xs, out, r0, r1)
-    else:
-        def one_kind(kind, w, x16, dx, xs, out, r0, r1):
-            pass
-    return one_kind
+_legacy_kinds_only(legacy_rows, ldot.l_rows)
+_legacy_kinds_only(legacy_gemm, lgemm.l_gemm)
 
 
 # -- the drivers compiled per kind -----------------------------------------------------------------
