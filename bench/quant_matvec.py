@@ -11,7 +11,8 @@ Tables (medians of -r rounds; variants interleaved within a round, wall-clock ti
   order, so they stream from DRAM as a real decode step does; "1.7b" Qwen3-1.7B's, 4 copies.
   The `x` column says how the activations went in: f32, or int8 (qdot.py: the K-quants, where
   the machine has AVX2), or i16 (ldot.py: the legacy kinds, where float vectors are eight
-  lanes); the backends' default where the machine has them.
+  lanes); the backends' default where the machine has them. "panel": Q4_K repacked into panels
+  of eight rows (kpanels.py, int8 activations), as the backends keep a linear weight.
 - few rows: 2..16 activation rows (the server's batched decode step) on one thread, f32 and int8
   activations; Gw/s counts weights x rows, "reads" how many times faster than one matvec per
   row (in the same mode) that is.
@@ -46,6 +47,7 @@ from qblocks import random_blocks  # noqa: E402
 from inferno.backends.numba import ldot, qkernels as Q  # noqa: E402
 from inferno.backends.numba.codes import WeightKind  # noqa: E402
 from inferno.backends.numba.ilanes import fast_int_dot  # noqa: E402
+from inferno.backends.numba.kpanels import PanelTensor  # noqa: E402
 from inferno.backends.numba.pool import PoolBackend  # noqa: E402
 from inferno.formats.quant import QTYPES, QuantTensor  # noqa: E402
 from inferno.backends.numba.simd import SimdBackend  # noqa: E402
@@ -126,10 +128,14 @@ def decode_table(types, reps):
                 continue
             xs = {cols: np.random.default_rng(1).standard_normal((1, cols), dtype=np.float32)
                   for _, cols in shapes}
-            prepared = {be.name: [be.weight(w) for w in ws] for be in (simd, pool)}
-            run = {be.name: (lambda be=be: [be.linear(xs[w.shape[1]], w) for w in prepared[be.name]])
-                   for be in (simd, pool)}
-            for x_type in x_types(name):
+            kept = {be.name: [be.weight(w) for w in ws] for be in (simd, pool)}
+            panelled = {be.name: [be.linear_weight(w) for w in ws] for be in (simd, pool)}
+            # Q4_K as the backends keep a linear weight by default: in panels (kpanels.py)
+            extra = ("panel",) if any(isinstance(w, PanelTensor) for w in panelled["simd"]) else ()
+            for x_type in x_types(name) + extra:
+                prepared = panelled if x_type == "panel" else kept
+                run = {be.name: (lambda be=be, ps=prepared: [be.linear(xs[w.shape[1]], w) for w in ps[be.name]])
+                       for be in (simd, pool)}
                 simd.int8_activations = pool.int8_activations = x_type != "f32"
                 t = rounds({"simd": run["simd"]}, reps, one_thread=True) | rounds({"pool": run["pool"]}, reps)
                 n = sum(w.shape[0] * w.shape[1] for w in ws)

@@ -15,12 +15,15 @@ from inferno.formats.quant import QTYPES, QuantTensor
 
 
 def test_weight_kinds_are_the_types_the_kernels_read():
-    assert set(WeightKind.__members__) <= set(QTYPES)
+    from inferno.backends.numba import kpanels
+    # every file type the kernels read, and one layout the backends make of Q4_K (kpanels.py)
+    assert set(WeightKind.__members__) - set(QTYPES) == {"Q4_KX8"}
     for kind in WeightKind:
         assert getattr(Q, kind.name) == int(kind) and type(getattr(Q, kind.name)) is int
     assert len(Q.UNIT_BYTES) == len(WeightKind)  # one unit size per code, in code order
-    w = QuantTensor(QTYPES["Q4_K"], (2, 256), np.zeros((2, 144), np.uint8))
+    w = QuantTensor(QTYPES["Q4_K"], (8, 256), np.zeros((8, 144), np.uint8))
     assert WeightKind.of(w) is WeightKind.Q4_K
+    assert WeightKind.of(kpanels.repack(w)) is WeightKind.Q4_KX8
 
 
 def test_cache_kinds_are_the_cache_types_in_order():

@@ -59,6 +59,12 @@ class Backend:
         one, a QuantTensor stays quantized)."""
         return w if isinstance(w, QuantTensor) else self.from_numpy(w)
 
+    def linear_weight(self, w):
+        """A `[out, in]` weight that only `linear`/`linear_many` will multiply (never looked up
+        as an embedding, never an expert's stack): weight(w), or a form made for this backend's
+        products alone. Here: weight(w)."""
+        return self.weight(w)
+
     def weight_nbytes(self, w) -> int:
         """Bytes of `w` (as weight() returned it) that one decode step reads."""
         return w.nbytes

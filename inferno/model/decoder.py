@@ -64,12 +64,16 @@ class Layer:
     def __init__(self, ops, cfg: ModelConfig, tensors: dict, i: int):
         p = f"model.layers.{i}."
         fam = cfg.family
-        w = lambda name: ops.weight(tensors.pop(p + name))  # noqa: E731  [out, in] linear weight
+        w = lambda name: ops.linear_weight(tensors.pop(p + name))  # noqa: E731  [out, in] linear weight
         v = lambda name: ops.from_numpy(tensors.pop(p + name))  # noqa: E731  vector
         norm = lambda name: ops.from_numpy(np.asarray(tensors.pop(p + name), np.float32))  # noqa: E731
 
         def outliers_in(name):
-            return ops.weight(heavy_tailed_inputs(tensors.pop(p + name)))
+            return ops.linear_weight(heavy_tailed_inputs(tensors.pop(p + name)))
+
+        def stack(name, outliers=False):  # an expert's matrices stacked: as ops.moe takes them
+            t = tensors.pop(p + name)
+            return ops.weight(heavy_tailed_inputs(t) if outliers else t)
 
         self.window = cfg.window(i)  # keys in the sliding window; 0: global attention
         self.attn_norm = norm("input_layernorm.weight")  # [hidden]
@@ -88,8 +92,8 @@ class Layer:
             self.mlp_norm = norm("post_attention_layernorm.weight")
         if cfg.sparse(i):  # a mixture of experts: a router, and each matrix of every expert stacked
             self.router = w("mlp.gate.weight")  # [n_expert, hidden]
-            self.experts = (w("mlp.experts.gate_proj.weight"), w("mlp.experts.up_proj.weight"),
-                            outliers_in("mlp.experts.down_proj.weight"))  # ops.moe's shapes
+            self.experts = (stack("mlp.experts.gate_proj.weight"), stack("mlp.experts.up_proj.weight"),
+                            stack("mlp.experts.down_proj.weight", outliers=True))  # ops.moe's shapes
             self.gate_up = self.down_proj = None
         else:
             self.router = self.experts = None
@@ -131,7 +135,7 @@ class DecoderModel:
             embed = heavy_tailed_inputs(embed)
         self.embed_tokens = ops.weight(embed)
         self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
-                        else ops.weight(heavy_tailed_inputs(tensors.pop("lm_head.weight"))))
+                        else ops.linear_weight(heavy_tailed_inputs(tensors.pop("lm_head.weight"))))
         # Gemma scales embeddings by sqrt(hidden), rounded to the embedding's dtype (float32 here).
         self.embed_scale = float(np.float32(math.sqrt(cfg.hidden_size))) if fam.scaled_embedding else None
         self.layers = [Layer(ops, cfg, tensors, i) for i in range(cfg.num_hidden_layers)]

@@ -199,6 +199,14 @@ for name, ub in (("Q4_K", qdot.Q4_K_BYTES), ("Q5_K", qdot.Q5_K_BYTES), ("Q6_K", 
         got = np.empty((9, 19), np.float32)
         qgemm.k_gemm(ub, w.data, *qdot.quantize(x, two), got, 0, 19)
         np.save({out!r} + f"/{{name}}-{{two}}.npy", got)
+from inferno.backends.numba import kpanels
+p = kpanels.repack(random_blocks("Q4_K", 24, 512, seed=1))
+for two in (False, True):
+    for kernel in (kpanels.p_rows, kpanels.p_gemm):
+        x = np.random.default_rng(2).standard_normal((9, 512), dtype=np.float32)
+        got = np.empty((9, 24), np.float32)
+        kernel(p.data, *qdot.quantize(x, two), got, 0, 24)
+        np.save({out!r} + f"/panels-{{kernel.__name__}}-{{two}}.npy", got)
 from inferno.backends.numba import ldot, lgemm
 from inferno.backends.numba.codes import WeightKind
 assert not lgemm.FAST
@@ -235,6 +243,17 @@ def test_int8_gemm_without_vnni(backend, tmp_path):
             here = np.empty_like(wide)
             ub = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}[name]
             qgemm.k_gemm(ub, w.data, *qdot.quantize(x, two), here, 0, 19)
+            assert (np.abs(wide - here) <= 1e-6 * (np.abs(x) @ np.abs(w.dequantize()).T)).all()
+    from inferno.backends.numba import kpanels
+    w = random_blocks("Q4_K", 24, 512, seed=1)
+    p = kpanels.repack(w)
+    x = np.random.default_rng(2).standard_normal((9, 512), dtype=np.float32)
+    for two in (False, True):  # kpanels' dpbusd as vpmaddubsw, vpmaddwd and an add
+        for kernel in (kpanels.p_rows, kpanels.p_gemm):
+            wide = np.load(tmp_path / f"panels-{kernel.__name__}-{two}.npy")
+            assert_int8_close(wide, x, w, two)
+            here = np.empty_like(wide)
+            kernel(p.data, *qdot.quantize(x, two), here, 0, 24)
             assert (np.abs(wide - here) <= 1e-6 * (np.abs(x) @ np.abs(w.dequantize()).T)).all()
     from inferno.backends.numba import ldot, lgemm
     from inferno.backends.numba.codes import WeightKind

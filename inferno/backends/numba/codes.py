@@ -51,10 +51,11 @@ class WeightKind(Code):
     Q4_K = 7
     Q5_K = 8
     Q6_K = 9
+    Q4_KX8 = 10  # Q4_K repacked into panels of eight rows (kpanels.py)
 
     @classmethod
     def of(cls, w: QuantTensor) -> WeightKind:
-        return cls[w.qtype.name]
+        return cls[getattr(w, "kind_name", None) or w.qtype.name]
 
 
 class CacheKind(Code):

@@ -150,6 +150,18 @@ def _vector_load(name, result, elem, count, align, doc):
     return intrinsic(load)
 
 
+def _vector_store(name, vtype, elem, count, align, doc):
+    """An intrinsic `name(f, o, v)`: f[o:o + count] = the vector v (of type `vtype`)."""
+    def store(typingctx, f, o, v):
+        def codegen(context, builder, sig, args):
+            builder.store(args[2], _address(context, builder, sig.args[0], args[0], args[1], elem, count), align=align)
+            return context.get_dummy_value()
+        return types.void(f, types.intp, vtype), codegen
+    store.__name__ = store.__qualname__ = name
+    store.__doc__ = doc
+    return intrinsic(store)
+
+
 bload = _vector_load("bload", i8x32, _I8, 32, 1, "The 32 bytes f[o:o + 32] of a uint8 or int8 array.")
 iload = _vector_load("iload", i32x8, _I32, 8, 4, "The 8 int32 f[o:o + 8] of an int32 array.")
 
@@ -459,13 +471,7 @@ def fsum8(typingctx, v):
 fload8 = _vector_load("fload8", f32x8, _F32, 8, 4, "The 8 float32 f[o:o + 8].")
 
 
-@intrinsic
-def fstore8(typingctx, f, o, v):
-    """f[o:o + 8] = v."""
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], _address(context, builder, sig.args[0], args[0], args[1], _F32, 8), align=4)
-        return context.get_dummy_value()
-    return types.void(f, types.intp, f32x8), codegen
+fstore8 = _vector_store("fstore8", f32x8, _F32, 8, 4, "f[o:o + 8] = v (8 float32).")
 
 
 @intrinsic
@@ -540,3 +546,25 @@ def vstore_i16(typingctx, arr, idx, v):
         builder.store(q, _address(context, builder, sig.args[0], args[0], args[1], _I16, 16), align=2)
         return context.get_dummy_value()
     return types.void(arr, types.intp, f32x16), codegen
+
+
+# -- kpanels' stored panels ----------------------------------------------------------------------------
+bstore = _vector_store("bstore", i8x32, _I8, 32, 1, "f[o:o + 32] = the 32 bytes v (f a byte array).")
+
+
+@intrinsic
+def iload_u8(typingctx, f, o):
+    """The 8 bytes f[o:o + 8] of a uint8 array, zero-extended to int32 lanes."""
+    def codegen(context, builder, sig, args):
+        b = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I8, 8), align=1)
+        return builder.zext(b, _D)
+    return i32x8(f, types.intp), codegen
+
+
+@intrinsic
+def fhalf8(typingctx, f, o):
+    """8 IEEE halves at bytes f[o:o + 16] of a uint8 array, as float32 lanes."""
+    def codegen(context, builder, sig, args):
+        h = builder.load(_address(context, builder, sig.args[0], args[0], args[1], ir.HalfType(), 8), align=1)
+        return builder.fpext(h, _F8)
+    return f32x8(f, types.intp), codegen

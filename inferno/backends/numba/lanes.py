@@ -336,14 +336,25 @@ def prefetch(typingctx, f, o):
     prefetch per block, a row pass ahead, tripled one core's read rate from DRAM (bench/RESULTS.md,
     "Figures behind the kernels' shape"). Into L1 or L2 as the CPU's vendor wants it
     (PREFETCH_LOCALITY); a non-temporal one halved the rate on Intel ("Prefill on an Intel host")."""
+    return types.void(f, types.intp), _prefetch_codegen(PREFETCH_LOCALITY)
+
+
+@intrinsic
+def prefetch_l2(typingctx, f, o):
+    """`prefetch` into L2 on every CPU (x86's prefetcht1): for kernels that read their weights
+    fast enough that prefetches into L1 would hold the core's L1 miss buffers (kpanels.py)."""
+    return types.void(f, types.intp), _prefetch_codegen(2)
+
+
+def _prefetch_codegen(locality):
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         p = builder.gep(builder.bitcast(data, _I8.as_pointer()), [args[1]])
         fnty = ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, PREFETCH_LOCALITY), ir.Constant(_I32, 1)])
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, locality), ir.Constant(_I32, 1)])
         return context.get_dummy_value()
-    return types.void(f, types.intp), codegen
+    return codegen
 
 
 @intrinsic

@@ -242,7 +242,7 @@ class PoolBackend(SimdBackend):
         rows, cols = x.shape
         kinds, datas, total = [], [], 0
         for w in ws:
-            if type(w) is not QuantTensor or rows > Q.FEW_MAX or self.threads == 1 or not self._one_launch:
+            if not isinstance(w, QuantTensor) or rows > Q.FEW_MAX or self.threads == 1 or not self._one_launch:
                 return super().linear_many(x, ws)
             check_width(x, w)
             kinds.append(WeightKind.of(w))

@@ -32,6 +32,10 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   compute a row the same way: a sequence's logits do not depend on how its tokens were grouped
   into steps (a chat turn prefilled after a reused cache, a server step shared with others)
   beyond float32 rounding;
+- Q4_K repacked at load into panels of eight rows (kpanels.py; the kind Q4_KX8, which the
+  backends make of a linear weight where they take int8 activations): decode and a few rows read
+  the panels in place (kpanels.p_rows), a prefill unpacks them into qgemm's (kpanels.p_gemm);
+  the same integers again;
 - embedding (`embed_rows`): whole rows dequantised.
 
 The backends call the drivers through `linear_for`, `linear_par_for` and `linear_many_par_for`,
@@ -59,7 +63,7 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
-from inferno.backends.numba import jitcache, ldot, lgemm, qdot, qgemm
+from inferno.backends.numba import jitcache, kpanels, ldot, lgemm, qdot, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.qdot import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
 from inferno.backends.numba.dense import FAST
@@ -73,7 +77,7 @@ from inferno.backends.numba.lanes import (
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 
 # The weight kinds as the kernels branch on them: plain ints (codes.py says why).
-F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = map(int, WeightKind)
+F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8 = map(int, WeightKind)
 
 # Activation rows per call up to which `few_rows` beats dequantised tiles + sgemm.
 FEW_MAX = 16
@@ -97,7 +101,7 @@ PASS_ROWS = lgemm.PANELS * lgemm.P
 
 # -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
 K_GROUPS = 8
-UNIT_BYTES = (64, 64, 34, 18, 20, 22, 24, 144, 176, 210)  # per kernel code: F16 .. Q6_K
+UNIT_BYTES = (64, 64, 34, 18, 20, 22, 24, 144, 176, 210, 144)  # per kernel code: F16 .. Q6_K, Q4_KX8
 
 
 @jit
@@ -184,8 +188,8 @@ def group_sums(x, xs, b0, b1):
 # -- decode and a few activation rows ------------------------------------------------------------------
 @jit
 def int_dot(kind):
-    """Whether this kind's products can take int8 activations (qdot.py)."""
-    return kind == Q4_K or kind == Q5_K or kind == Q6_K
+    """Whether this kind's products can take int8 activations (qdot.py; kpanels.py)."""
+    return kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == Q4_KX8
 
 
 @jit
@@ -241,6 +245,9 @@ def _rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
         elif code == Q6_K:
             def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
                 _rows_int8(Q6_K, Q6_K_BYTES, w, x, xs, xq, out, col, r0, r1)
+        elif code == Q4_KX8:
+            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
+                _rows_panels(w, x, xq, out, col, r0, r1)
         else:
             def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
                 _rows(code, w, x, xs, out, col, r0, r1)
@@ -271,6 +278,19 @@ def _rows_int8(kind, unit_bytes, w, x, xs, xq, out, col, r0, r1):
         qgemm.k_gemm(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
     else:
         qdot.k_few(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
+
+
+@jit
+def _rows_panels(w, x, xq, out, col, r0, r1):
+    """Q4_K in panels (kpanels.py): its int8 activations always (the backends repack only where
+    they take them, and pass them; quantized here if not), a prefill's many rows through qgemm's
+    passes."""
+    if xq[0].shape[0] == 0:
+        xq = qdot.quantize(x, False)
+    if x.shape[0] >= GEMM_MIN and x.shape[1] >= GEMM_MIN_COLS:
+        kpanels.p_gemm(w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
+    else:
+        kpanels.p_rows(w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
 
 
 @jit
@@ -394,6 +414,18 @@ def few_rows(kind, w, x, xs, out, r0, r1):
 @jit
 def dequant_row(kind, f, ro, n32, out, oo):
     """The row at byte ro as float32 into out.flat[oo:oo + 32 * n32]."""
+    if kind == Q4_KX8:  # its row unpacked to the file's layout first
+        rb = n32 // K_GROUPS * Q4_K_BYTES
+        row = np.empty(rb, np.uint8)
+        kpanels.unpanel_row(f, rb, ro // rb, row, 0)
+        _dequant_row(Q4_K, row, 0, n32, out, oo)
+    else:
+        _dequant_row(kind, f, ro, n32, out, oo)
+
+
+@jit
+def _dequant_row(kind, f, ro, n32, out, oo):
+    """dequant_row of a kind whose rows lie whole at their bytes."""
     G, ub = unit_groups(kind), UNIT_BYTES[kind]
     sm = nb.carray(stack_f32(16), 16)
     for u in range(n32 // G):
@@ -587,7 +619,8 @@ def linear_many_par(k0, k1, k2, ws, x, out, chunks, mode, legacy):
     lx = legacy_inputs(x, legacy and (ldot.legacy(k0) or ldot.legacy(k1) or ldot.legacy(k2)))
     total = out.shape[1]
     for c in nb.prange(chunks):
-        lo, hi = chunk_start(total, c, chunks, 2), chunk_start(total, c + 1, chunks, 2)
+        # whole panels (kpanels.P) where they fit; l_rows' pairs need 2
+        lo, hi = chunk_start(total, c, chunks, kpanels.P), chunk_start(total, c + 1, chunks, kpanels.P)
         start = _piece(k0, ws[0], x, xs, xq, lx, out, 0, lo, hi)  # each kind its own argument:
         start = _piece(k1, ws[1], x, xs, xq, lx, out, start, lo, hi)  # a literal to rows_kernel
         _piece(k2, ws[2], x, xs, xq, lx, out, start, lo, hi)

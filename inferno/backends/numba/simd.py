@@ -18,7 +18,7 @@ import ctypes
 
 import numpy as np
 
-from inferno.backends.numba import blas, jitcache
+from inferno.backends.numba import blas, jitcache, kpanels
 from inferno.formats import cache_types
 from inferno.backends.numba import attention as A
 from inferno.backends.numba import dense as K
@@ -120,8 +120,8 @@ class SimdBackend(Backend):
         """How a product of w with activation rows takes them: 0 float32, 1 one int8 row each,
         2 two (for inputs with outliers: one row alone moved whole-model logits by ~5e-2
         there)."""
-        if not self.int8_activations:
-            return 0
+        if not self.int8_activations and not isinstance(w, kpanels.PanelTensor):
+            return 0  # (panels were made for int8 rows: they take them whatever is said later)
         return 2 if w.outlier_inputs else 1
 
     @property
@@ -145,6 +145,15 @@ class SimdBackend(Backend):
             return quantized_weight(w)
         w = np.ascontiguousarray(w, dtype=np.float32).view()
         w.flags.writeable = False
+        return w
+
+    def linear_weight(self, w):
+        """weight(w); a Q4_K weight, where its products take int8 activations, repacked into
+        panels of eight rows (kpanels.py: eight rows' products in each vpdpbusd, where qdot's
+        kernels take one), in memory of its own that replaces its mapped pages."""
+        w = self.weight(w)
+        if self.int8_activations and kpanels.can_repack(w):
+            return kpanels.repack(w, self.threads)
         return w
 
     # -- dense ops ------------------------------------------------------------------------------
