@@ -42,15 +42,18 @@ def test_warm_load_skips_numbas_compiler_set_up(backend):
     first = fresh_process(path, backend)  # whatever was not in the cache is compiled and saved now
     warm = fresh_process(path, backend)
     assert warm["registries"] == []  # nothing compiled, and Numba's registries never loaded
-    # The same answers within float32 rounding, not bit for bit: after a cold suite the first
-    # process's pool logits differed from the warm one's by 7e-7 of their size, and this process
-    # (the whole suite run in it, other backends alive, torch's libraries loaded) by 1e-5. A
-    # wrong kernel from the cache moves them by far more than 1e-4.
+    # The same answers, not bit for bit: a process that compiles some kernels itself runs
+    # machine code that may order float32 sums otherwise than the cached code a warm process
+    # picks for the same call, and the int8 and int16 activations turn a last-bit difference into
+    # one rounding step of a row. It is deterministic (a cold cache gives the same first and the
+    # same warm logits every time): measured 1.8e-5 of their size with everything compiled in
+    # the first process, 2.5e-4 after a cold suite that had compiled part of it. A wrong kernel
+    # from the cache moves them by far more than 1e-3.
     assert warm["text"] == first["text"]
-    np.testing.assert_allclose(warm["logits"], first["logits"], rtol=1e-4)
+    np.testing.assert_allclose(warm["logits"], first["logits"], rtol=1e-3)
     here = inferno.load(str(path), backend, progress=False)
     assert warm["text"] == here.generate("What is the capital of France?", max_tokens=12, temperature=0).text
-    np.testing.assert_allclose(warm["logits"], here.logits([1, 2, 3, 4, 5])[-1, :8], rtol=1e-4)
+    np.testing.assert_allclose(warm["logits"], here.logits([1, 2, 3, 4, 5])[-1, :8], rtol=1e-3)
     assert "Paris" in warm["text"]
     here.close()
 
