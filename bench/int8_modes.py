@@ -7,6 +7,11 @@ float32; one int8 row everywhere (ggml's Q8_K); the default (a remainder row for
 decoder marks outlier_inputs: o_proj, down_proj); two rows everywhere. Each round decodes -n
 tokens after a 4-token prompt, and prefills a -p-token prompt into an empty cache (int8 rows go
 through Q4_K/Q6_K's prefill too); the table holds medians over rounds.
+
+Q4_K matrices the backend repacked into panels at load (kpanels.py; pool does where it takes
+int8 rows, the default on x86) were made for int8 rows and take them in every mode: on such a
+file the float32 row is float32 for the other kinds only (and for a linear_many that holds no
+panels). It says so when it runs.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ def main() -> None:
             for m in (*layer.qkv, layer.o_proj, *layer.gate_up, layer.down_proj)] + [model.lm_head]
     mats = [m for m in mats if isinstance(m, QuantTensor)]
     marked = {id(m): m.outlier_inputs for m in mats}
+    panels = sum(type(m).__name__ == "PanelTensor" for m in mats)
+    if panels:
+        print(f"note: {panels} of {len(mats)} matrices are Q4_K panels: int8 rows in every mode")
 
     def use(mode: str) -> None:
         ops.int8_activations = mode != "float32"

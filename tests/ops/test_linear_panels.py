@@ -12,6 +12,9 @@ and in a prefill, and a mapped original's pages are handed back.
 from __future__ import annotations
 
 import mmap
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -100,6 +103,7 @@ def test_backends_repack_q4_k_linear_weights(backend, outliers, monkeypatch):
     result does not depend on its batch), and through linear_many beside a weight that stays."""
     from inferno.backends.numba import kpanels
     monkeypatch.setattr(backend, "int8_activations", True)
+    monkeypatch.setattr(backend, "q4k_panels", True)  # whatever this CPU's default (kpanels.pays_on)
     w = random_blocks("Q4_K", 72, 1024, seed=3, readonly=True)
     w.outlier_inputs = outliers
     kept, packed = backend.weight(w), backend.linear_weight(w)
@@ -123,10 +127,57 @@ def test_backends_repack_q4_k_linear_weights(backend, outliers, monkeypatch):
 @pytest.mark.backends(*NUMBA)
 def test_backends_keep_what_panels_cannot_hold(backend, monkeypatch):
     monkeypatch.setattr(backend, "int8_activations", True)
+    monkeypatch.setattr(backend, "q4k_panels", True)
     odd = random_blocks("Q4_K", 12, 256, readonly=True)
     assert type(backend.linear_weight(odd)) is QuantTensor
+    monkeypatch.setattr(backend, "q4k_panels", False)  # a CPU where they do not pay
+    assert type(backend.linear_weight(random_blocks("Q4_K", 16, 256, readonly=True))) is QuantTensor
+    monkeypatch.setattr(backend, "q4k_panels", True)
     monkeypatch.setattr(backend, "int8_activations", False)  # float32 activations: the file's rows
     assert type(backend.linear_weight(random_blocks("Q4_K", 16, 256, readonly=True))) is QuantTensor
+
+
+def test_panels_by_default_where_measured_to_pay():
+    from inferno.backends.numba import kpanels
+    assert kpanels.pays_on("znver4")
+    assert not kpanels.pays_on("znver5")  # decode from DRAM 0.85x there
+    assert not kpanels.pays_on("haswell") and not kpanels.pays_on("sapphirerapids")  # not measured
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
+def test_a_one_core_backend_repacks_on_its_own_thread():
+    """simd repacks without Numba's thread team (which would start threads at every load, and
+    makes a process that later forks and repacks abort under OpenMP); pool on its own threads.
+    In a fresh process: nothing else has started the team there."""
+    script = (
+        "import os, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from qblocks import random_blocks\n"
+        "from inferno.backends.numba import kpanels\n"
+        "from inferno.backends.numba.simd import SimdBackend\n"
+        "ops = SimdBackend(int8_activations=True)\n"
+        "ops.q4k_panels = True\n"
+        "w = random_blocks('Q4_K', 64, 1024, readonly=True)\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "p = ops.linear_weight(w)\n"
+        "assert isinstance(p, kpanels.PanelTensor)\n"
+        "print(before, len(os.listdir('/proc/self/task')))\n")
+    run = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parents[1])],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    before, after = map(int, run.stdout.split()[-2:])
+    assert after == before
+
+
+@pytest.mark.backends(*NUMBA)
+def test_panels_handed_to_weight_stay_panels(backend, monkeypatch):
+    from inferno.backends.numba import kpanels
+    monkeypatch.setattr(backend, "int8_activations", True)
+    monkeypatch.setattr(backend, "q4k_panels", True)
+    p = backend.linear_weight(random_blocks("Q4_K", 16, 256, readonly=True))
+    again = kpanels.PanelTensor(p.qtype, p.shape, p.data.copy(), p.outlier_inputs)  # writeable
+    kept = backend.weight(again)
+    assert isinstance(kept, kpanels.PanelTensor) and not kept.data.flags.writeable
 
 
 def test_release_hands_back_a_mapped_tensors_pages_and_nothing_else(tmp_path):

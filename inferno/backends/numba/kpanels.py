@@ -45,7 +45,7 @@ from inferno.backends.numba.ilanes import (
     bbits, bhigh, bload, bsplat4, bstore, bstore_columns, dpbusd, ffma8, fhalf8, fmul8, fsplat8,
     fstore8, fzero8, iadd, ifloat, iload_u8, imul, izero,
 )
-from inferno.backends.numba.lanes import f16at, prefetch_l2
+from inferno.backends.numba.lanes import f16at, prefetch_l2, target_cpu
 from inferno.backends.numba.qdot import NO, ONE, Q4_K_BYTES, QK, TWO_ROWS, FOUR, YES
 from inferno.formats.quant import QuantTensor
 
@@ -82,14 +82,20 @@ def repack_panel(f, o, rb, g, go):
                            bload(f, a + 6 * rb), bload(f, a + 7 * rb))
 
 
+@jit
+def repack_range(w, out, p0, p1):
+    """Panels p0..p1 of Q4_K rows w [rows, row_bytes] (rows a multiple of 8) into out, alike."""
+    f, g, rb = w.reshape(-1), out.reshape(-1), w.shape[1]
+    for p in range(p0, p1):
+        repack_panel(f, P * p * rb, rb, g, P * p * rb)
+
+
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
 def repack_rows(w, out, chunks):
-    """Q4_K rows w [rows, row_bytes] (rows a multiple of 8) as panels into out, alike."""
-    f, g = w.reshape(-1), out.reshape(-1)
-    rb, panels = w.shape[1], w.shape[0] // P
+    """repack_range over all of w's panels, cut into `chunks` for the threads."""
+    panels = w.shape[0] // P
     for c in nb.prange(chunks):
-        for p in range(panels * c // chunks, panels * (c + 1) // chunks):
-            repack_panel(f, P * p * rb, rb, g, P * p * rb)
+        repack_range(w, out, panels * c // chunks, panels * (c + 1) // chunks)
 
 
 @jit
@@ -308,20 +314,44 @@ class PanelTensor(QuantTensor):
         return f"PanelTensor({self.qtype.name}, {list(self.shape)})"
 
 
+def pays_on(cpu: str) -> bool:
+    """Whether the backends repack Q4_K linear weights into panels by default on this CPU (LLVM's
+    name for it): where a model's decode, its weights streaming from DRAM, measured at least as
+    fast on panels as on the file's rows. Zen 4: yes (the 8B shape's decode 1.29x, the smaller
+    files 1.00-1.01x). Zen 5: no (from DRAM 0.65-0.89x of qdot.k_rows, whatever the prefetch;
+    the 8B shape's decode 0.85x), as the panels' gain is in the arithmetic and a Zen 5 core
+    keeps up with its memory on the file's rows. Elsewhere unmeasured on the hardware itself,
+    so the file's rows stay (bench/RESULTS.md, "A Zen 5 host")."""
+    return cpu == "znver4"
+
+
+PAYS = pays_on(target_cpu())
+
+
 def can_repack(w) -> bool:
     """Whether w is a Q4_K weight that panels can hold: rows in whole panels."""
     return type(w) is QuantTensor and w.qtype.name == "Q4_K" and w.shape[0] % P == 0 and w.shape[0] > 0
 
 
-def repack(w: QuantTensor, threads: int = 1) -> PanelTensor:
+def repack(w: QuantTensor, threads: int = 1, launch=None) -> PanelTensor:
     """w (can_repack) as panels, in memory of its own; the pages of a memory-mapped original
     are handed back to the kernel once copied (`release`), so the panels replace them in the
-    process's memory rather than sit beside them."""
+    process's memory rather than sit beside them. On this thread unless `threads` > 1, then
+    through `launch(kernel, *args)` (pool's, which holds its lock around Numba's thread team):
+    a one-core backend starts no threads at load."""
     out = np.empty(w.data.shape, np.uint8)
-    repack_rows(w.data, out, max(1, min(threads, w.shape[0] // P)))
+    chunks = max(1, min(threads, w.shape[0] // P))
+    if chunks == 1:
+        repack_range(w.data, out, 0, w.shape[0] // P)
+    else:
+        (launch or _call)(repack_rows, w.data, out, chunks)
     release(w.data)
     out.flags.writeable = False
     return PanelTensor(w.qtype, w.shape, out, w.outlier_inputs)
+
+
+def _call(kernel, *args):
+    return kernel(*args)
 
 
 _MADV_DONTNEED = 4

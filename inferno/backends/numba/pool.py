@@ -34,7 +34,7 @@ import threading
 import numba as nb
 import numpy as np
 
-from inferno.backends.numba import jitcache
+from inferno.backends.numba import jitcache, kpanels
 from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba import attention as A
 from inferno.backends.numba import dense as K
@@ -189,6 +189,10 @@ class PoolBackend(SimdBackend):
         results do not change, only which threads compute them."""
         if self._contention is not None:
             self.team = self._contention.update()
+
+    def _repack(self, w):
+        """simd's, on the pool's threads."""
+        return kpanels.repack(w, self.threads, self._launch)
 
     def _launch(self, kernel, *args):
         with _LAUNCH:

@@ -69,7 +69,7 @@ def quantized_weight(w: QuantTensor):
     if data.flags.writeable:
         data = data.view()
         data.flags.writeable = False
-    return w if data is w.data else QuantTensor(w.qtype, w.shape, data, w.outlier_inputs)
+    return w if data is w.data else type(w)(w.qtype, w.shape, data, w.outlier_inputs)  # panels stay panels
 
 
 def prefill_tile(cols: int) -> int:
@@ -111,6 +111,9 @@ class SimdBackend(Backend):
         # (lgemm.py: a prefill's products at 1.4-2x sgemm's rate; decode in integers there
         # measured even with the float32 kernels). Elsewhere the float32 kernels stay.
         self.int16_legacy = eight_lane_floats() or lgemm.FAST
+        # Q4_K linear weights repacked into panels of eight rows at load (linear_weight), on the
+        # CPUs where decode measured faster so (kpanels.pays_on).
+        self.q4k_panels = kpanels.PAYS
         blas.limit_to_one_thread()  # sgemm on this core only
         jitcache.load_kernels_lazily()  # a warm load skips Numba's compiler set-up
         reuse_freed_activations()
@@ -148,13 +151,18 @@ class SimdBackend(Backend):
         return w
 
     def linear_weight(self, w):
-        """weight(w); a Q4_K weight, where its products take int8 activations, repacked into
-        panels of eight rows (kpanels.py: eight rows' products in each vpdpbusd, where qdot's
-        kernels take one), in memory of its own that replaces its mapped pages."""
+        """weight(w); a Q4_K weight, where its products take int8 activations and panels pay on
+        this CPU (q4k_panels), repacked into panels of eight rows (kpanels.py: eight rows'
+        products in each vpdpbusd, where qdot's kernels take one), in memory of its own that
+        replaces its mapped pages."""
         w = self.weight(w)
-        if self.int8_activations and kpanels.can_repack(w):
-            return kpanels.repack(w, self.threads)
+        if self.int8_activations and self.q4k_panels and kpanels.can_repack(w):
+            return self._repack(w)
         return w
+
+    def _repack(self, w):
+        """kpanels.repack on this core."""
+        return kpanels.repack(w)
 
     # -- dense ops ------------------------------------------------------------------------------
     def linear(self, x, w, legacy: bool | None = None):
