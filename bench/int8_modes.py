@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 import inferno
+from inferno.backends.numba.kpanels import PanelTensor
 from inferno.formats.quant import QuantTensor
 
 MODES = ["float32", "one int8 row everywhere", "default (remainder row on o_proj, down_proj)",
@@ -41,7 +42,7 @@ def main() -> None:
             for m in (*layer.qkv, layer.o_proj, *layer.gate_up, layer.down_proj)] + [model.lm_head]
     mats = [m for m in mats if isinstance(m, QuantTensor)]
     marked = {id(m): m.outlier_inputs for m in mats}
-    panels = sum(type(m).__name__ == "PanelTensor" for m in mats)
+    panels = sum(isinstance(m, PanelTensor) for m in mats)
     if panels:
         print(f"note: {panels} of {len(mats)} matrices are Q4_K panels: int8 rows in every mode")
 
