@@ -134,8 +134,9 @@ def test_int8_rows_do_not_depend_on_their_batch(backend, name, outliers, monkeyp
 @pytest.mark.parametrize("batch", [1, 2, 7, 8, 9, 63, 64, 65, 511])
 @pytest.mark.parametrize("rows,blocks", [(1, 1), (9, 1), (16, 2), (33, 7)])
 def test_int8_gemm_on_panels(backend, name, outliers, batch, rows, blocks):
-    """qgemm.k_gemm, called directly on every row count (tile edges: passes of four, two and
-    one activation rows, panels of sixteen weight rows with a short last one), one super-block
+    """qgemm.k_gemm, called directly on every row count (tile edges: passes of eight where the
+    machine has 32 vector registers, four, two and one activation rows, panels of sixteen weight
+    rows with a short last one), one super-block
     and many: within int8 rounding of the dequantised product, and within float32 rounding of
     qdot's kernels on the same int8 rows (the integers summed are the same)."""
     from inferno.backends.numba import qdot, qgemm
@@ -156,11 +157,11 @@ def test_int8_gemm_on_panels(backend, name, outliers, batch, rows, blocks):
 @pytest.mark.backends("simd")
 @pytest.mark.parametrize("name", LEGACY)
 @pytest.mark.parametrize("batch", [1, 2, 7, 8, 9, 63, 64, 65, 511])
-@pytest.mark.parametrize("rows,blocks", [(1, 1), (9, 1), (24, 2), (25, 7), (49, 3)])
+@pytest.mark.parametrize("rows,blocks", [(1, 1), (9, 1), (16, 2), (24, 2), (33, 7), (49, 3), (64, 1)])
 def test_int16_gemm_on_panels(backend, name, batch, rows, blocks):
     """lgemm.l_gemm, called directly (whether or not this machine's backends choose it) on every
-    row count (passes of four, two and one activation rows; passes of 24 weight rows, three
-    panels of eight, with short and empty last panels), one block and many: within int16
+    row count (passes of four, two and one activation rows; passes of 32 weight rows, two
+    panels of sixteen, with short and empty last panels), one block and many: within int16
     rounding of the dequantised product, and within float32 rounding of ldot's decode kernel on
     the same int16 rows, row by row (the integers summed are the same)."""
     from inferno.backends.numba import ldot, lgemm
@@ -185,6 +186,19 @@ def test_int16_gemm_on_panels(backend, name, batch, rows, blocks):
 # Haswell's features: AVX2 and FMA, no AVX-512, no VNNI (some of this project's machines).
 AVX2_ONLY = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+mmx,+movbe,"
              "+popcnt,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
+# Skylake-X's: AVX-512 (32 registers, 512-bit vpmaddubsw) without VNNI.
+AVX512_NO_VNNI = AVX2_ONLY + ",+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl"
+
+
+def _no_vnni_targets():
+    """Haswell everywhere; Skylake-X only where this host can run its code (AVX-512 BW)."""
+    from numba.core.codegen import get_host_cpu_features
+    targets = [("haswell", AVX2_ONLY)]
+    if "+avx512bw" in get_host_cpu_features().split(","):
+        targets.append(("skylake-avx512", AVX512_NO_VNNI))
+    return targets
+
+
 NO_VNNI = """
 import sys
 import numpy as np
@@ -192,6 +206,7 @@ sys.path.insert(0, {tests!r})
 from qblocks import random_blocks
 from inferno.backends.numba import ilanes, qdot, qgemm
 assert ilanes.fast_int_dot() and not ilanes._vnni() and qgemm.WIDE
+assert qgemm.DEEP == ("+avx512f" in {features!r})
 for name, ub in (("Q4_K", qdot.Q4_K_BYTES), ("Q5_K", qdot.Q5_K_BYTES), ("Q6_K", qdot.Q6_K_BYTES)):
     for two in (False, True):
         w = random_blocks(name, 19, 512, seed=1)
@@ -220,18 +235,21 @@ for name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"):
 
 
 @pytest.mark.backends("simd")
-def test_int8_gemm_without_vnni(backend, tmp_path):
-    """Compiled for an AVX2 machine without VNNI (Numba told so, in a fresh process: qgemm.WIDE,
+@pytest.mark.parametrize("cpu,features", _no_vnni_targets(), ids=lambda v: v if "," not in v else "")
+def test_int8_gemm_without_vnni(backend, tmp_path, cpu, features):
+    """Compiled for a machine without VNNI (Numba told so, in a fresh process: qgemm.WIDE,
     int16 sums of vpmaddubsw's pairs; lgemm's vpdpwssd as vpmaddwd and an add), the kernels give
     the same answers as this process's build (vpdpbusd and vpdpwssd where the host has VNNI):
-    the same integer sums, within float32 rounding."""
+    the same integer sums, within float32 rounding. Haswell's AVX2 (ilanes' 512-bit vectors as
+    two ymm halves, qgemm's passes of four rows) and, where the host can run it, Skylake-X's
+    AVX-512 without VNNI (512-bit vpmaddubsw, passes of eight rows: qgemm.DEEP)."""
     from inferno.backends.numba import qdot, qgemm
     import os
     import subprocess
     import sys
     from pathlib import Path
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=AVX2_ONLY)
-    script = NO_VNNI.format(tests=str(Path(__file__).parents[1]), out=str(tmp_path))
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features)
+    script = NO_VNNI.format(tests=str(Path(__file__).parents[1]), out=str(tmp_path), features=features)
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     for name in ("Q4_K", "Q5_K", "Q6_K"):
@@ -269,7 +287,7 @@ def test_int8_gemm_without_vnni(backend, tmp_path):
 
 @pytest.mark.backends("simd")
 def test_int16_gemm_writes_only_its_rows(backend):
-    """lgemm.l_gemm on a row range that starts and ends inside its passes of 24 rows: the
+    """lgemm.l_gemm on a row range that starts and ends inside its passes of 32 rows: the
     rows outside it are left alone."""
     from inferno.backends.numba import ldot, lgemm
     from inferno.backends.numba.codes import WeightKind

@@ -113,7 +113,7 @@ def _rows_of(xq, a, b):
 def _part(kind, w, x, xs, xq, out, c, chunks, tile):
     """Chunk c of `chunks` of out = x @ w.T, w one expert's rows."""
     rows = w.shape[0]
-    r0, r1 = chunk_start(rows, c, chunks, 2 * qgemm.P), chunk_start(rows, c + 1, chunks, 2 * qgemm.P)
+    r0, r1 = chunk_start(rows, c, chunks, qgemm.ROWS), chunk_start(rows, c + 1, chunks, qgemm.ROWS)
     if r0 >= r1:
         return
     if x.shape[0] > FEW_MAX and not (int_dot(kind) and xq[0].shape[0] > 0):

@@ -1,6 +1,11 @@
 """Integer vectors for Numba kernels: the int8 dot products of quantized weights with quantized
 activations (qdot.py), as LLVM's `<32 x i8>`, `<16 x i16>` and `<8 x i32>` (one 256-bit
-register each), and `<8 x float>` for their float sums.
+register each), and `<8 x float>` for their float sums; and their 512-bit twins `<64 x i8>`,
+`<32 x i16>` and `<16 x i32>` (qgemm's panels of sixteen rows). The arithmetic takes either
+width and answers in the width it was given. Where the machine has AVX-512 (VNNI for
+`dpbusd`) a 512-bit operation is one zmm instruction; elsewhere it is the 256-bit one on each
+half, so code written in 512 bits is correct, and about as fast as its 256-bit spelling, on
+every machine.
 
 The two multiplies x86 does on bytes are chosen when the kernels compile, from the features of
 the machine Numba compiles for (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, else the host's; Numba's
@@ -32,6 +37,9 @@ _W = ir.VectorType(_I16, 16)
 _D = ir.VectorType(_I32, 8)
 _F8 = ir.VectorType(_F32, 8)
 _W32 = ir.VectorType(_I32, 16)
+_ZB = ir.VectorType(_I8, 64)
+_ZW = ir.VectorType(_I16, 32)
+_Z = _W32
 
 
 class I8x32(types.Type):
@@ -62,7 +70,31 @@ class F32x8(types.Type):
         super().__init__(name="f32x8")
 
 
+class I8x64(types.Type):
+    llty = _ZB
+
+    def __init__(self):
+        super().__init__(name="i8x64")
+
+
+class I16x32(types.Type):
+    llty = _ZW
+
+    def __init__(self):
+        super().__init__(name="i16x32")
+
+
+class I32x16(types.Type):
+    llty = _Z
+
+    def __init__(self):
+        super().__init__(name="i32x16")
+
+
 i8x32, i16x16, i32x8, f32x8 = I8x32(), I16x16(), I32x8(), F32x8()
+i8x64, i16x32, i32x16 = I8x64(), I16x32(), I32x16()
+# Each width's bytes, int16 and int32 vectors: the arithmetic below is typed by its arguments.
+_NARROW, _WIDE = (i8x32, i16x16, i32x8), (i8x64, i16x32, i32x16)
 
 
 class _VecModel(models.PrimitiveModel):
@@ -70,7 +102,7 @@ class _VecModel(models.PrimitiveModel):
         super().__init__(dmm, fe_type, fe_type.llty)
 
 
-for _cls in (I8x32, I16x16, I32x8, F32x8):
+for _cls in (I8x32, I16x16, I32x8, F32x8, I8x64, I16x32, I32x16):
     register_model(_cls)(_VecModel)
 
 
@@ -91,6 +123,50 @@ def fast_int_dot() -> bool:
 def _vnni() -> bool:
     f = target_features()
     return ("avx512vnni" in f and "avx512vl" in f) or "avxvnni" in f
+
+
+def zmm_int_dot() -> bool:
+    """Whether `dpbusd` on 512-bit vectors is one zmm vpdpbusd (AVX-512 VNNI); elsewhere it is
+    the 256-bit `dpbusd` on each half."""
+    f = target_features()
+    return fast_int_dot() and "avx512vnni" in f and "avx512bw" in f
+
+
+def zmm_registers() -> bool:
+    """Whether the machine has AVX-512's 32 vector registers (AVX2 has 16): how many rows'
+    sums a kernel can keep in registers."""
+    return "avx512f" in target_features()
+
+
+def _zmm_bytes() -> bool:
+    """Whether 512-bit vpmaddubsw and vpmaddwd exist (AVX-512 BW)."""
+    return fast_int_dot() and "avx512bw" in target_features()
+
+
+def _halves(builder, v):
+    """The low and high halves of a vector."""
+    n = v.type.count // 2
+    pick = lambda first: ir.Constant(ir.VectorType(_I32, n), list(range(first, first + n)))  # noqa: E731
+    return builder.shuffle_vector(v, v, pick(0)), builder.shuffle_vector(v, v, pick(n))
+
+
+def _join(builder, lo, hi):
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 2 * lo.type.count),
+                                                      list(range(2 * lo.type.count))))
+
+
+def _by_halves(builder, fn, *args):
+    """fn (a 256-bit operation) on the low halves and on the high halves of 512-bit args, joined."""
+    lo, hi = zip(*(_halves(builder, a) for a in args))
+    return _join(builder, fn(builder, *lo), fn(builder, *hi))
+
+
+def _width(*args):
+    """(bytes, int16, int32) types of the width all of args share, else None."""
+    for family in (_NARROW, _WIDE):
+        if all(a in family for a in args):
+            return family
+    return None
 
 
 def _const(vty, value):
@@ -134,6 +210,32 @@ def _maddwd(builder, a, b):
     return _pairs(builder, prod, _D)
 
 
+def _dpbusd(builder, acc, u, s):
+    if fast_int_dot() and _vnni():
+        return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", _D,
+                    [acc, builder.bitcast(u, _D), builder.bitcast(s, _D)])
+    return builder.add(acc, _maddwd(builder, _maddubs(builder, u, s), _const(_W, 1)))
+
+
+def _zmaddubs(builder, u, s):
+    if _zmm_bytes():
+        return _x86(builder, "llvm.x86.avx512.pmaddubs.w.512", _ZW, [u, s])
+    return _by_halves(builder, _maddubs, u, s)
+
+
+def _zmaddwd(builder, a, b):
+    if _zmm_bytes():
+        return _x86(builder, "llvm.x86.avx512.pmaddw.d.512", _Z, [a, b])
+    return _by_halves(builder, _maddwd, a, b)
+
+
+def _zdpbusd(builder, acc, u, s):
+    if zmm_int_dot():
+        return _x86(builder, "llvm.x86.avx512.vpdpbusd.512", _Z,
+                    [acc, builder.bitcast(u, _Z), builder.bitcast(s, _Z)])
+    return _by_halves(builder, _dpbusd, acc, u, s)
+
+
 def _int(context, builder, value, ty, to=types.int32):
     return context.cast(builder, value, ty, to)
 
@@ -164,6 +266,8 @@ def _vector_store(name, vtype, elem, count, align, doc):
 
 bload = _vector_load("bload", i8x32, _I8, 32, 1, "The 32 bytes f[o:o + 32] of a uint8 or int8 array.")
 iload = _vector_load("iload", i32x8, _I32, 8, 4, "The 8 int32 f[o:o + 8] of an int32 array.")
+zbload = _vector_load("zbload", i8x64, _I8, 64, 1, "The 64 bytes f[o:o + 64] of a uint8 or int8 array.")
+ziload = _vector_load("ziload", i32x16, _I32, 16, 4, "The 16 int32 f[o:o + 16] of an int32 array.")
 
 
 @intrinsic
@@ -203,56 +307,89 @@ def bsign(typingctx, a, b):
 # -- products ------------------------------------------------------------------------------------------
 @intrinsic
 def maddubs(typingctx, u, s):
-    """u[2i] s[2i] + u[2i + 1] s[2i + 1] as 16 int16 (u unsigned, s signed bytes; saturating,
-    which the callers' ranges never reach)."""
+    """u[2i] s[2i] + u[2i + 1] s[2i + 1] as int16 (u unsigned, s signed bytes; saturating,
+    which the callers' ranges never reach): 16 lanes from 32 bytes, 32 from 64."""
+    family = _width(u, s)
+    if family is None or u != family[0]:
+        return None
+
     def codegen(context, builder, sig, args):
-        return _maddubs(builder, args[0], args[1])
-    return i16x16(i8x32, i8x32), codegen
+        return (_maddubs if family is _NARROW else _zmaddubs)(builder, args[0], args[1])
+    return family[1](u, s), codegen
 
 
 @intrinsic
 def maddwd(typingctx, a, b):
-    """a[2i] b[2i] + a[2i + 1] b[2i + 1] as 8 int32."""
+    """a[2i] b[2i] + a[2i + 1] b[2i + 1] as int32 (8 lanes, or 16 from 512-bit a and b)."""
+    family = _width(a, b)
+    if family is None or a != family[1]:
+        return None
+
     def codegen(context, builder, sig, args):
-        return _maddwd(builder, args[0], args[1])
-    return i32x8(i16x16, i16x16), codegen
+        return (_maddwd if family is _NARROW else _zmaddwd)(builder, args[0], args[1])
+    return family[2](a, b), codegen
 
 
 @intrinsic
 def dpbusd(typingctx, acc, u, s):
-    """acc + the sums of adjacent quads of u x s (u unsigned, s signed bytes), as 8 int32."""
+    """acc + the sums of adjacent quads of u x s (u unsigned, s signed bytes), as int32 lanes:
+    8 of them, or 16 from 512-bit vectors."""
+    family = _width(acc, u, s)
+    if family is None or acc != family[2] or u != family[0] or s != family[0]:
+        return None
+
     def codegen(context, builder, sig, args):
-        acc, u, s = args
-        if fast_int_dot() and _vnni():
-            return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", _D,
-                        [acc, builder.bitcast(u, _D), builder.bitcast(s, _D)])
-        return builder.add(acc, _maddwd(builder, _maddubs(builder, u, s), _const(_W, 1)))
-    return i32x8(i32x8, i8x32, i8x32), codegen
+        return (_dpbusd if family is _NARROW else _zdpbusd)(builder, *args)
+    return acc(acc, u, s), codegen
+
+
+def _dpwssd(builder, acc, a, b):
+    if fast_int_dot() and _vnni():
+        return _x86(builder, "llvm.x86.avx512.vpdpwssd.256", _D,
+                    [acc, builder.bitcast(a, _D), builder.bitcast(b, _D)])
+    return builder.add(acc, _maddwd(builder, a, b))
+
+
+def _zdpwssd(builder, acc, a, b):
+    if zmm_int_dot():
+        return _x86(builder, "llvm.x86.avx512.vpdpwssd.512", _Z,
+                    [acc, builder.bitcast(a, _Z), builder.bitcast(b, _Z)])
+    return _by_halves(builder, _dpwssd, acc, a, b)
 
 
 @intrinsic
 def dpwssd(typingctx, acc, a, b):
-    """acc + the sums of adjacent pairs of a x b (signed int16), as 8 int32: VNNI's vpdpwssd
-    where `dpbusd` has vpdpbusd, else vpmaddwd and an add (lgemm's int16 panels)."""
+    """acc + the sums of adjacent pairs of a x b (signed int16), as int32 lanes (8, or 16 from
+    512-bit vectors): VNNI's vpdpwssd where `dpbusd` has vpdpbusd, else vpmaddwd and an add
+    (lgemm's int16 panels)."""
+    family = _width(acc, a, b)
+    if family is None or acc != family[2] or a != family[1] or b != family[1]:
+        return None
+
     def codegen(context, builder, sig, args):
-        acc, a, b = args
-        if fast_int_dot() and _vnni():
-            return _x86(builder, "llvm.x86.avx512.vpdpwssd.256", _D,
-                        [acc, builder.bitcast(a, _D), builder.bitcast(b, _D)])
-        return builder.add(acc, _maddwd(builder, a, b))
-    return i32x8(i32x8, i16x16, i16x16), codegen
+        return (_dpwssd if family is _NARROW else _zdpwssd)(builder, *args)
+    return acc(acc, a, b), codegen
 
 
 @intrinsic
 def iadd(typingctx, a, b):
+    """a + b in int32 lanes (8 or 16)."""
+    if a != b or a not in (i32x8, i32x16):
+        return None
+
     def codegen(context, builder, sig, args):
         return builder.add(args[0], args[1])
-    return i32x8(i32x8, i32x8), codegen
+    return a(a, b), codegen
 
 
 @intrinsic
 def izero(typingctx):
     return i32x8(), lambda context, builder, sig, args: _const(_D, 0)
+
+
+@intrinsic
+def zizero(typingctx):
+    return i32x16(), lambda context, builder, sig, args: _const(_Z, 0)
 
 
 @intrinsic
@@ -266,6 +403,15 @@ def bsplat4(typingctx, f, o):
 
 
 @intrinsic
+def zbsplat4(typingctx, f, o):
+    """The 4 bytes f[o:o + 4] in each of the 16 quads (qgemm's panels of sixteen rows)."""
+    def codegen(context, builder, sig, args):
+        w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=1)
+        return builder.bitcast(_splat(builder, w, _Z), _ZB)
+    return i8x64(f, types.intp), codegen
+
+
+@intrinsic
 def hsplat2(typingctx, f, o):
     """The 2 int16 f[o:o + 2] in each of the 8 pairs: two activations against eight weight rows'
     (lgemm's panels, interleaved by pairs)."""
@@ -276,11 +422,23 @@ def hsplat2(typingctx, f, o):
 
 
 @intrinsic
+def zhsplat2(typingctx, f, o):
+    """The 2 int16 f[o:o + 2] in each of the 16 pairs (lgemm's panels of sixteen rows)."""
+    def codegen(context, builder, sig, args):
+        w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=2)
+        return builder.bitcast(_splat(builder, w, _Z), _ZW)
+    return i16x32(f, types.intp), codegen
+
+
+@intrinsic
 def imul(typingctx, a, b):
-    """a * b, lane by lane, in int32 (the callers' products stay far below 2^31)."""
+    """a * b, lane by lane, in int32 (8 or 16 lanes; the callers' products stay far below 2^31)."""
+    if a != b or a not in (i32x8, i32x16):
+        return None
+
     def codegen(context, builder, sig, args):
         return builder.mul(args[0], args[1])
-    return i32x8(i32x8, i32x8), codegen
+    return a(a, b), codegen
 
 
 def _transpose8(builder, rows):
@@ -301,22 +459,25 @@ def _transpose8(builder, rows):
 
 
 @intrinsic
-def bstore_columns(typingctx, f, o, v0, v1, v2, v3, v4, v5, v6, v7):
-    """f[o + 32 t: o + 32 t + 32] = the 4-byte words t of v0..v7, in that order, for t in 0..7:
-    eight rows' runs of 32 bytes, interleaved by fours (qgemm's panels; or 16 int16 each,
-    interleaved by pairs: lgemm's), f a byte array."""
+def bstore_columns(typingctx, f, o, stride, v0, v1, v2, v3, v4, v5, v6, v7):
+    """f[o + stride t: o + stride t + 32] = the 4-byte words t of v0..v7, in that order, for t in
+    0..7: eight rows' runs of 32 bytes, interleaved by fours (qgemm's panels, stride 64: their
+    two halves' steps side by side; or 16 int16 each, interleaved by pairs: lgemm's, stride 32),
+    f a byte array."""
     def codegen(context, builder, sig, args):
-        cols = _transpose8(builder, [builder.bitcast(v, _D) for v in args[2:]])
+        cols = _transpose8(builder, [builder.bitcast(v, _D) for v in args[3:]])
         base = context.make_array(sig.args[0])(context, builder, args[0]).data
         o = context.cast(builder, args[1], sig.args[1], types.intp)
+        stride = context.cast(builder, args[2], sig.args[2], types.intp)
         for t, col in enumerate(cols):
-            p = builder.gep(base, [builder.add(o, ir.Constant(o.type, 32 * t))], inbounds=True)
+            at = builder.add(o, builder.mul(stride, ir.Constant(o.type, t)))
+            p = builder.gep(base, [at], inbounds=True)
             builder.store(col, builder.bitcast(p, _D.as_pointer()), align=1)
         return context.get_dummy_value()
     vty = v0 if v0 in (i8x32, i16x16) else None
     if vty is None or any(v != vty for v in (v1, v2, v3, v4, v5, v6, v7)):
         return None
-    return types.void(f, o, *([vty] * 8)), codegen
+    return types.void(f, o, stride, *([vty] * 8)), codegen
 
 
 # -- int16 sums and scales -----------------------------------------------------------------------------
@@ -326,11 +487,19 @@ def wzero(typingctx):
 
 
 @intrinsic
+def zwzero(typingctx):
+    return i16x32(), lambda context, builder, sig, args: _const(_ZW, 0)
+
+
+@intrinsic
 def wadd(typingctx, a, b):
-    """a + b in int16 lanes, wrapping (the callers keep their sums within int16)."""
+    """a + b in int16 lanes (16 or 32), wrapping (the callers keep their sums within int16)."""
+    if a != b or a not in (i16x16, i16x32):
+        return None
+
     def codegen(context, builder, sig, args):
         return builder.add(args[0], args[1])
-    return i16x16(i16x16, i16x16), codegen
+    return a(a, b), codegen
 
 
 @intrinsic
@@ -347,12 +516,17 @@ def wsub_const(typingctx, a, c):
 
 @intrinsic
 def wdup(typingctx, v):
-    """The low 16 bits of int32 lane i in int16 lanes 2i and 2i + 1: a panel's eight per-row scales
-    as maddwd's second operand against maddubs' pairs (qgemm)."""
+    """The low 16 bits of int32 lane i in int16 lanes 2i and 2i + 1: a panel's per-row scales
+    (8 or 16) as maddwd's second operand against maddubs' pairs (qgemm)."""
+    family = _width(v)
+    if family is None or v != family[2]:
+        return None
+    n = 2 * family[2].llty.count
+
     def codegen(context, builder, sig, args):
-        w = builder.bitcast(args[0], _W)
-        return builder.shuffle_vector(w, w, ir.Constant(ir.VectorType(_I32, 16), [2 * (i // 2) for i in range(16)]))
-    return i16x16(i32x8), codegen
+        w = builder.bitcast(args[0], family[1].llty)
+        return builder.shuffle_vector(w, w, ir.Constant(ir.VectorType(_I32, n), [2 * (i // 2) for i in range(n)]))
+    return family[1](v), codegen
 
 
 @intrinsic
@@ -369,6 +543,7 @@ def wbytes(typingctx, f, o, signed):
 
 
 hload = _vector_load("hload", i16x16, _I16, 16, 2, "The 16 int16 f[o:o + 16] of an int16 array.")
+zhload = _vector_load("zhload", i16x32, _I16, 32, 2, "The 32 int16 f[o:o + 32] of an int16 array.")
 
 
 @intrinsic
@@ -430,8 +605,8 @@ def wpair(typingctx, v, i):
 
 @intrinsic
 def ifloat(typingctx, v):
-    """The integer lanes as float32: 16 int16 (a f32x16) or 8 int32 (a f32x8)."""
-    result = {i16x16: f32x16, i32x8: f32x8}.get(v)
+    """The integer lanes as float32: 16 int16 or 16 int32 (a f32x16), or 8 int32 (a f32x8)."""
+    result = {i16x16: f32x16, i32x16: f32x16, i32x8: f32x8}.get(v)
     if result is None:
         return None
 

@@ -46,7 +46,7 @@ from inferno.backends.numba.ilanes import (
     fstore8, fzero8, iadd, ifloat, iload_u8, imul, izero,
 )
 from inferno.backends.numba.lanes import f16at, prefetch_l2, target_cpu
-from inferno.backends.numba.qdot import NO, ONE, Q4_K_BYTES, QK, TWO_ROWS, FOUR, YES
+from inferno.backends.numba.qdot import NO, Q4_K_BYTES, QK, YES
 from inferno.formats.quant import QuantTensor
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
@@ -77,7 +77,7 @@ def repack_panel(f, o, rb, g, go):
                 g[rec + SCH + e % 32] |= ((sc >> 4) | ((m >> 4) << 2)) << (4 * (e // 32))
         for j in range(4):
             a = so + 16 + 32 * j
-            bstore_columns(g, rec + QS + 256 * j, bload(f, a), bload(f, a + rb), bload(f, a + 2 * rb),
+            bstore_columns(g, rec + QS + 256 * j, 32, bload(f, a), bload(f, a + rb), bload(f, a + 2 * rb),
                            bload(f, a + 3 * rb), bload(f, a + 4 * rb), bload(f, a + 5 * rb),
                            bload(f, a + 6 * rb), bload(f, a + 7 * rb))
 
@@ -235,32 +235,34 @@ def p_rows(w, x8, r8, dx, dr, s16, out, r0, r1):
 
 # -- prefill: qgemm's panels, unpacked from the stored ones ----------------------------------------------
 @jit
-def unpack_panel(f, rec0, units, pq, psc, pd, pm, sm):
-    """The stored panel at byte rec0 as qgemm's (pq, psc, pd, pm): its nibbles split into bytes,
-    in qgemm's step order (step 64 u + 8 g + t holds the quads of weights 4t.. of group g)."""
+def unpack_panel(f, rec0, units, pq, psc, pd, pm, sm, half):
+    """The stored panel at byte rec0 as half `half` (rows 8 half..) of qgemm's (pq, psc, pd, pm):
+    its nibbles split into bytes, in qgemm's step order (step 64 u + 8 g + t holds the quads of
+    weights 4t.. of group g)."""
+    step, rows = qgemm.STEP_BYTES, qgemm.ROWS
     for u in range(units):
         rec = rec0 + REC * u
         for j in range(4):
             for t in range(8):
                 v = bload(f, rec + QS + 256 * j + 32 * t)
-                bstore(pq, 32 * (qgemm.STEPS * u + 16 * j + t), bbits(v, 0, 15))
-                bstore(pq, 32 * (qgemm.STEPS * u + 16 * j + 8 + t), bbits(v, 4, 15))
+                at = step * (qgemm.STEPS * u + 16 * j + t) + 32 * half
+                bstore(pq, at, bbits(v, 0, 15))
+                bstore(pq, at + 8 * step, bbits(v, 4, 15))
         record_scales(f, rec, sm)
         for i in range(P):
-            pd[P * u + i] = f16at(f, rec + 2 * i)
+            r = P * half + i
+            pd[rows * u + r] = f16at(f, rec + 2 * i)
             dmin = f16at(f, rec + 16 + 2 * i)
             for g in range(8):
-                psc[(8 * u + g) * P + i] = sm[8 * g + i]
-                pm[(8 * u + g) * P + i] = -dmin * np.float32(sm[64 + 8 * g + i])
+                psc[(8 * u + g) * rows + r] = sm[8 * g + i]
+                pm[(8 * u + g) * rows + r] = -dmin * np.float32(sm[64 + 8 * g + i])
 
 
 @jit
 def p_gemm(w, x8, r8, dx, dr, s16, out, r0, r1):
-    """As qgemm.k_gemm, for a panelled weight: sixteen rows at a time unpacked into qgemm's two
-    panels (no transpose: the stored panels already are interleaved), then the same passes.
-    Rows r0..r1 that do not start or end on a panel go through p_rows."""
-    B = x8.shape[0]
-    two = dr.shape[0] > 0
+    """As qgemm.k_gemm, for a panelled weight: sixteen rows at a time unpacked into one of
+    qgemm's panels (no transpose: the stored panels already are interleaved), then the same
+    passes. Rows r0..r1 that do not start or end on a panel go through p_rows."""
     f = w.reshape(-1)
     rb = w.shape[1]
     units = rb // Q4_K_BYTES
@@ -272,22 +274,14 @@ def p_gemm(w, x8, r8, dx, dr, s16, out, r0, r1):
         p_rows(w, x8, r8, dx, dr, s16, out, r0, a0)
     if a1 < r1:
         p_rows(w, x8, r8, dx, dr, s16, out, a1, r1)
-    pa, pb = qgemm.buffers(units), qgemm.buffers(units)
+    p = qgemm.buffers(units)
     sm = np.empty(128, np.uint8)
-    for p0 in range(a0, a1, 2 * P):
-        n = min(2 * P, a1 - p0)
-        unpack_panel(f, p0 * rb, units, pa[0], pa[1], pa[2], pa[3], sm)
-        if n > P:
-            unpack_panel(f, (p0 + P) * rb, units, pb[0], pb[1], pb[2], pb[3], sm)
-        b = 0
-        while b + 4 <= B and not two:
-            qgemm._pass(Q4_K_BYTES, FOUR, two, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n)
-            b += 4
-        while b + 2 <= B:
-            qgemm._pass(Q4_K_BYTES, TWO_ROWS, two, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n)
-            b += 2
-        if b < B:
-            qgemm._pass(Q4_K_BYTES, ONE, two, pa, pb, units, x8, r8, dx, dr, s16, out, b, p0, n)
+    for p0 in range(a0, a1, qgemm.ROWS):
+        n = min(qgemm.ROWS, a1 - p0)
+        unpack_panel(f, p0 * rb, units, p[0], p[1], p[2], p[3], sm, 0)
+        if n > P:  # else the second half's lanes hold the last panel's rows, computed and dropped
+            unpack_panel(f, (p0 + P) * rb, units, p[0], p[1], p[2], p[3], sm, 1)
+        qgemm.passes(Q4_K_BYTES, p, units, x8, r8, dx, dr, s16, out, p0, n)
 
 
 # -- the weight -----------------------------------------------------------------------------------------

@@ -1,38 +1,40 @@
 """Prefill's products of the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with int16 activations: a
-GEMM on panels of eight weight rows interleaved by pairs, where the machine has VNNI (`FAST`).
+GEMM on panels of sixteen weight rows interleaved by pairs, where the machine has VNNI (`FAST`).
 
 Why: a prefill multiplied these kinds as sgemm on dequantised tiles, at the float32 FMA's rate:
 eight products an instruction a 256-bit lane set. VNNI's vpdpwssd multiplies sixteen int16 pairs
 and adds them into eight int32 lanes in one instruction, at the rate of an FMA, so the same
-products take half the instructions. The activations are the int16 rows ldot.py's decode takes
+products take half the instructions (a zmm one, twice the products again). The activations are the int16 rows ldot.py's decode takes
 (ldot.quantize_rows: a scale per block of 32, within 1.5e-5 of the block's largest value), so
 a row's result does not depend on whether it came alone (ldot.l_rows), among a few (the float
 kernels on x', the values those int16 hold) or in a prefill (here), beyond float32 rounding.
 llama.cpp's repacked Q8_0 GEMM rounds its activations to int8 instead; bench/RESULTS.md ("Q8_0
 with int8 activations: built, measured, dropped") says what that costs the logits here.
 
-Panel layout, per block g (32 weights) of eight rows, in bytes (uint8 scratch):
-  pq: [16 steps][8 rows][2 int16]: row i's weights 2t and 2t + 1 of the block at
-      32 (16 g + t) + 4 i: Q8_0's q as stored, Q4_0's q - 8 and Q5_0's q - 16 (their offsets
-      taken into the integers, exactly), Q4_1's and Q5_1's q as stored (0..15, 0..31);
-  pd: float32 [blocks][8]: each row's d;
-  pm: float32 [blocks][8]: Q4_1's and Q5_1's offsets m (the others have none left).
-Step t of a block loads the eight rows' pairs (one 32-byte load) and meets activation pair t,
-broadcast to all eight lanes, in one vpdpwssd: eight rows' partial dot products in int32. Three
-panels (24 weight rows) go side by side against four activation rows: three loads and four
-broadcasts serve twelve vpdpwssd, and the twelve int32 and twelve float32 accumulators fill
-AVX-512's 32 vector registers without spilling. At the end of a block each accumulator is
-converted and takes d dx (and, for Q4_1 and Q5_1, m times the sum of x' over the block):
+Panel layout, per block g (32 weights) of sixteen rows, in bytes (uint8 scratch):
+  pq: [16 steps][2 halves][8 rows][2 int16]: row 8h + i's weights 2t and 2t + 1 of the block
+      at 64 (16 g + t) + 32 h + 4 i: Q8_0's q as stored, Q4_0's q - 8 and Q5_0's q - 16 (their
+      offsets taken into the integers, exactly), Q4_1's and Q5_1's q as stored (0..15, 0..31);
+  pd: float32 [blocks][16]: each row's d;
+  pm: float32 [blocks][16]: Q4_1's and Q5_1's offsets m (the others have none left).
+Step t of a block loads the sixteen rows' pairs (one 64-byte load) and meets activation pair t,
+broadcast to all sixteen lanes, in one vpdpwssd: sixteen rows' partial dot products in int32.
+The vectors are 512 bits (ilanes' i16x32, i32x16): one zmm instruction where the machine has
+AVX-512 VNNI, two ymm ones on AVX-VNNI. Two panels (32 weight rows) go side by side against
+four activation rows: two loads and four broadcasts serve eight vpdpwssd, and the eight int32
+and eight float32 accumulators leave AVX-512's 32 vector registers room. At the end of a block
+each accumulator is converted and takes d dx (and, for Q4_1 and Q5_1, m times the sum of x'
+over the block):
   y = sum_g d_g dx_g (q . qx)_g + m_g xs_g,
 the terms ldot.l_rows sums (in another float32 order; it keeps Q4_0's and Q5_0's offsets as
 m = -8 d and -16 d, the same products).
 
-The panels are packed as a call needs them, 24 rows at a time, from the blocks where they lie
+The panels are packed as a call needs them, 32 rows at a time, from the blocks where they lie
 (the mapped file), into scratch that stays in L2 while every activation row goes by: nothing
 is kept beside the weights, and decode's kernels read them as before. A block of eight rows is
-eight `ldot.block` widenings and two 8x8 transposes of int32 words (ilanes.bstore_columns); a
-short last panel goes through a zero-padded copy of its rows (zero bytes: d, m and every
-product zero).
+eight `ldot.block` widenings and two 8x8 transposes of int32 words (ilanes.bstore_columns) into
+one half of its steps; a short last panel goes through a zero-padded copy of its rows (zero
+bytes: d, m and every product zero).
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ import numpy as np
 
 from inferno.backends.numba.dense import FAST as FASTMATH
 from inferno.backends.numba.ilanes import (
-    _vnni, bstore_columns, dpwssd, fast_int_dot, ffma8, fload8, fmul8, fsplat8, fstore8, fzero8, hload,
-    hsplat2, ifloat, izero, wsub_const,
+    _vnni, bstore_columns, dpwssd, fast_int_dot, ifloat, wsub_const, zhload, zhsplat2, zizero,
 )
+from inferno.backends.numba.lanes import vfma, vload, vmul, vsplat, vstore, vzero
 from inferno.backends.numba.ldot import Q4_0, Q4_1, Q5_0, Q5_1, block
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
@@ -55,9 +57,10 @@ inline = nb.njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 # the sixteen products an FMA pair gives sgemm: no gain, so sgemm on x' stays there.
 FAST = fast_int_dot() and _vnni()
 
-P = 8  # weight rows per panel: one int32 lane each
-PANELS = 3  # panels per pass
-STEP_BYTES = 32  # one step: eight rows' pairs of int16
+P = 8  # weight rows per transposed block: one int32 lane of a 256-bit half each
+ROWS = 2 * P  # weight rows per panel: one int32 lane of a 512-bit vector each
+PANELS = 2  # panels per pass
+STEP_BYTES = 4 * ROWS  # one step: sixteen rows' pairs of int16
 BLOCK_BYTES = 16 * STEP_BYTES
 ONE, TWO, FOUR = 1, 2, 4  # activation rows per pass (literals: each compiles its own loop)
 # Activation rows whose int16 (and results) stay in L2 while every pass of panels meets them.
@@ -84,13 +87,14 @@ def weights(kind, f, o):
 @jit
 def buffers(blocks):
     """Scratch for one panel of `blocks` blocks: (pq, pd, pm)."""
-    return np.empty(blocks * BLOCK_BYTES, np.uint8), np.empty(blocks * P, np.float32), np.empty(blocks * P, np.float32)
+    return (np.empty(blocks * BLOCK_BYTES, np.uint8), np.empty(blocks * ROWS, np.float32),
+            np.empty(blocks * ROWS, np.float32))
 
 
 # -- packing -------------------------------------------------------------------------------------------
 @jit
-def pack_rows(kind, f, o, rb, blocks, pq, pd, pm):
-    """The eight rows of f at bytes o, o + rb, .. as one panel."""
+def pack_half(kind, f, o, rb, blocks, half, pq, pd, pm):
+    """The eight rows of f at bytes o, o + rb, .. as half `half` of a panel."""
     bb = rb // blocks
     for g in range(blocks):
         a = o + bb * g
@@ -102,9 +106,10 @@ def pack_rows(kind, f, o, rb, blocks, pq, pd, pm):
         l5, h5, d5, m5 = weights(kind, f, a + 5 * rb)
         l6, h6, d6, m6 = weights(kind, f, a + 6 * rb)
         l7, h7, d7, m7 = weights(kind, f, a + 7 * rb)
-        bstore_columns(pq, BLOCK_BYTES * g, l0, l1, l2, l3, l4, l5, l6, l7)
-        bstore_columns(pq, BLOCK_BYTES * g + 8 * STEP_BYTES, h0, h1, h2, h3, h4, h5, h6, h7)
-        s = P * g
+        at = BLOCK_BYTES * g + 32 * half
+        bstore_columns(pq, at, STEP_BYTES, l0, l1, l2, l3, l4, l5, l6, l7)
+        bstore_columns(pq, at + 8 * STEP_BYTES, STEP_BYTES, h0, h1, h2, h3, h4, h5, h6, h7)
+        s = ROWS * g + P * half
         pd[s], pd[s + 1], pd[s + 2], pd[s + 3] = d0, d1, d2, d3
         pd[s + 4], pd[s + 5], pd[s + 6], pd[s + 7] = d4, d5, d6, d7
         pm[s], pm[s + 1], pm[s + 2], pm[s + 3] = m0, m1, m2, m3
@@ -113,104 +118,101 @@ def pack_rows(kind, f, o, rb, blocks, pq, pd, pm):
 
 @jit
 def pack(kind, w, p0, n, panel, pad):
-    """Rows p0..p0 + n (n <= 8) of w as one panel; a short one through `pad` (eight rows of
+    """Rows p0..p0 + n (n <= 16) of w as one panel; a short one through `pad` (sixteen rows of
     scratch), zero bytes past its rows."""
     f = w.reshape(-1)
     rb = w.shape[1]
-    blocks = panel[1].shape[0] // P
-    if n == P:
-        pack_rows(kind, f, p0 * rb, rb, blocks, panel[0], panel[1], panel[2])
-    else:
+    blocks = panel[1].shape[0] // ROWS
+    o = p0 * rb
+    if n < ROWS:
         pad[:] = 0
         if n > 0:
             pad[:n * rb] = f[p0 * rb:(p0 + n) * rb]
-        pack_rows(kind, pad, 0, rb, blocks, panel[0], panel[1], panel[2])
+        f, o = pad, 0
+    for half in range(2):
+        pack_half(kind, f, o + P * half * rb, rb, blocks, half, panel[0], panel[1], panel[2])
 
 
-# -- three panels against activation rows --------------------------------------------------------------
+# -- two panels against activation rows ----------------------------------------------------------------
 @inline
-def step(qa, qb, qc, x16, k, g):
-    """One step of the three panels against the activation pair x16[k:k + 2]."""
-    x = hsplat2(x16, k)
-    return dpwssd(g[0], qa, x), dpwssd(g[1], qb, x), dpwssd(g[2], qc, x)
+def step(qa, qb, x16, k, g):
+    """One step of the two panels against the activation pair x16[k:k + 2]."""
+    x = zhsplat2(x16, k)
+    return dpwssd(g[0], qa, x), dpwssd(g[1], qb, x)
 
 
 @inline
-def block_end(kind, f, g, da, db, dc, ma, mb, mc, dx, xs):
+def block_end(kind, f, g, da, db, ma, mb, dx, xs):
     """f + a block's int32 sums times d dx (and the offsets times the sum of x' over the block)."""
-    e = fsplat8(dx)
-    fa = ffma8(ifloat(g[0]), fmul8(da, e), f[0])
-    fb = ffma8(ifloat(g[1]), fmul8(db, e), f[1])
-    fc = ffma8(ifloat(g[2]), fmul8(dc, e), f[2])
+    e = vsplat(dx)
+    fa = vfma(ifloat(g[0]), vmul(da, e), f[0])
+    fb = vfma(ifloat(g[1]), vmul(db, e), f[1])
     if offset(kind):
-        s = fsplat8(xs)
-        fa, fb, fc = ffma8(ma, s, fa), ffma8(mb, s, fb), ffma8(mc, s, fc)
-    return fa, fb, fc
+        s = vsplat(xs)
+        fa, fb = vfma(ma, s, fa), vfma(mb, s, fb)
+    return fa, fb
 
 
 @jit
-def panels(kind, rows, pa, pb, pc, x16, dx, xs, out, b, p0, n, lanes):
-    """out[b..b + rows, p0..p0 + n] = the rows of panels pa, pb and pc (n <= 24, in that order)
+def panels(kind, rows, pa, pb, x16, dx, xs, out, b, p0, n, lanes):
+    """out[b..b + rows, p0..p0 + n] = the rows of panels pa and pb (n <= 32, in that order)
     against activation rows b..b + rows (rows 1, 2 or 4, a literal); `lanes` (scratch of
-    4 PANELS P float32) takes the accumulators on their way out."""
+    4 PANELS ROWS float32) takes the accumulators on their way out."""
     cols = x16.shape[1]
     x = x16.reshape(-1)
     blocks = cols // 32
-    z, fz = izero(), fzero8()
-    f0 = f1 = f2 = f3 = (fz, fz, fz)
+    z, fz = zizero(), vzero()
+    f0 = f1 = f2 = f3 = (fz, fz)
     for g in range(blocks):
-        g0 = g1 = g2 = g3 = (z, z, z)
+        g0 = g1 = g2 = g3 = (z, z)
         for t in range(16):
             o = BLOCK_BYTES * g + STEP_BYTES * t
-            qa, qb, qc = hload(pa[0], o), hload(pb[0], o), hload(pc[0], o)
+            qa, qb = zhload(pa[0], o), zhload(pb[0], o)
             k = b * cols + 32 * g + 2 * t
-            g0 = step(qa, qb, qc, x, k, g0)
+            g0 = step(qa, qb, x, k, g0)
             if rows >= 2:
-                g1 = step(qa, qb, qc, x, k + cols, g1)
+                g1 = step(qa, qb, x, k + cols, g1)
             if rows == 4:
-                g2 = step(qa, qb, qc, x, k + 2 * cols, g2)
-                g3 = step(qa, qb, qc, x, k + 3 * cols, g3)
-        s = P * g
-        da, db, dc = fload8(pa[1], s), fload8(pb[1], s), fload8(pc[1], s)
-        ma, mb, mc = fload8(pa[2], s), fload8(pb[2], s), fload8(pc[2], s)
-        f0 = block_end(kind, f0, g0, da, db, dc, ma, mb, mc, dx[b, g], xs[b, g])
+                g2 = step(qa, qb, x, k + 2 * cols, g2)
+                g3 = step(qa, qb, x, k + 3 * cols, g3)
+        s = ROWS * g
+        da, db, ma, mb = vload(pa[1], s), vload(pb[1], s), vload(pa[2], s), vload(pb[2], s)
+        f0 = block_end(kind, f0, g0, da, db, ma, mb, dx[b, g], xs[b, g])
         if rows >= 2:
-            f1 = block_end(kind, f1, g1, da, db, dc, ma, mb, mc, dx[b + 1, g], xs[b + 1, g])
+            f1 = block_end(kind, f1, g1, da, db, ma, mb, dx[b + 1, g], xs[b + 1, g])
         if rows == 4:
-            f2 = block_end(kind, f2, g2, da, db, dc, ma, mb, mc, dx[b + 2, g], xs[b + 2, g])
-            f3 = block_end(kind, f3, g3, da, db, dc, ma, mb, mc, dx[b + 3, g], xs[b + 3, g])
+            f2 = block_end(kind, f2, g2, da, db, ma, mb, dx[b + 2, g], xs[b + 2, g])
+            f3 = block_end(kind, f3, g3, da, db, ma, mb, dx[b + 3, g], xs[b + 3, g])
     for a, fa in enumerate((f0, f1, f2, f3)):
         if a < rows:
-            fstore8(lanes, PANELS * P * a, fa[0])
-            fstore8(lanes, PANELS * P * a + P, fa[1])
-            fstore8(lanes, PANELS * P * a + 2 * P, fa[2])
+            vstore(lanes, PANELS * ROWS * a, fa[0])
+            vstore(lanes, PANELS * ROWS * a + ROWS, fa[1])
     for a in range(rows):
         for i in range(n):
-            out[b + a, p0 + i] = lanes[PANELS * P * a + i]
+            out[b + a, p0 + i] = lanes[PANELS * ROWS * a + i]
 
 
 @jit
 def l_gemm(kind, w, x16, dx, xs, out, r0, r1):
     """out[b, r] = w[r] . x'[b] for rows r0..r1 of w (a legacy kind, a literal) and every activation
-    row b that ldot.quantize_rows wrote into x16, dx and xs: 24 weight rows at a time, packed once
-    as three panels and then met by the activation rows four at a time, then two, then one."""
+    row b that ldot.quantize_rows wrote into x16, dx and xs: 32 weight rows at a time, packed once
+    as two panels and then met by the activation rows four at a time, then two, then one."""
     B, blocks = x16.shape[0], x16.shape[1] // 32
-    pa, pb, pc = buffers(blocks), buffers(blocks), buffers(blocks)
-    pad = np.empty(P * w.shape[1], np.uint8)
-    lanes = np.empty(4 * PANELS * P, np.float32)
+    pa, pb = buffers(blocks), buffers(blocks)
+    pad = np.empty(ROWS * w.shape[1], np.uint8)
+    lanes = np.empty(4 * PANELS * ROWS, np.float32)
     for b0 in range(0, B, ROW_BLOCK):
         b1 = min(b0 + ROW_BLOCK, B)
-        for p0 in range(r0, r1, PANELS * P):
-            n = min(PANELS * P, r1 - p0)
-            pack(kind, w, p0, min(P, n), pa, pad)
-            pack(kind, w, p0 + P, min(max(n - P, 0), P), pb, pad)
-            pack(kind, w, p0 + 2 * P, max(n - 2 * P, 0), pc, pad)
+        for p0 in range(r0, r1, PANELS * ROWS):
+            n = min(PANELS * ROWS, r1 - p0)
+            pack(kind, w, p0, min(ROWS, n), pa, pad)
+            pack(kind, w, p0 + ROWS, max(n - ROWS, 0), pb, pad)
             b = b0
             while b + 4 <= b1:
-                panels(kind, FOUR, pa, pb, pc, x16, dx, xs, out, b, p0, n, lanes)
+                panels(kind, FOUR, pa, pb, x16, dx, xs, out, b, p0, n, lanes)
                 b += 4
             if b + 2 <= b1:
-                panels(kind, TWO, pa, pb, pc, x16, dx, xs, out, b, p0, n, lanes)
+                panels(kind, TWO, pa, pb, x16, dx, xs, out, b, p0, n, lanes)
                 b += 2
             if b < b1:
-                panels(kind, ONE, pa, pb, pc, x16, dx, xs, out, b, p0, n, lanes)
+                panels(kind, ONE, pa, pb, x16, dx, xs, out, b, p0, n, lanes)

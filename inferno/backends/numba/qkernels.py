@@ -22,12 +22,13 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   (qdot.k_few);
 - prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
   the K-quants with int8 activations take GEMM_MIN activation rows or more (of rows GEMM_MIN_COLS
-  wide or more: 32 and 1024 with VNNI, 16 and any without)
-  through qgemm.k_gemm instead (two panels of eight weight rows against four activation rows per vpdpbusd step), and
+  wide or more: 32 and 1024 with VNNI in 256 bits only, 16 and any with AVX-512 or without VNNI)
+  through qgemm.k_gemm instead (panels of sixteen weight rows against eight or four activation
+  rows per vpdpbusd step), and
   fewer through qdot.k_few. The integers summed are the same in all three (k_rows, k_few,
   k_gemm); only the float32 order of adding them up differs. The legacy kinds with int16
-  activations take more than FEW_MAX rows through lgemm.l_gemm where there is VNNI (three panels
-  of eight weight rows against four activation rows per vpdpwssd step; the same integers as
+  activations take more than FEW_MAX rows through lgemm.l_gemm where there is VNNI (two panels
+  of sixteen weight rows against four activation rows per vpdpwssd step; the same integers as
   ldot.l_rows), else sgemm on x'. Decode, a batch and a prefill then
   compute a row the same way: a sequence's logits do not depend on how its tokens were grouped
   into steps (a chat turn prefilled after a reused cache, a server step shared with others)
@@ -82,15 +83,17 @@ F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8 = map(int, Wei
 # Activation rows per call up to which `few_rows` beats dequantised tiles + sgemm.
 FEW_MAX = 16
 # Activation rows from which qgemm's panels beat qdot.k_few, packing included, for every K-quant
-# with and without remainder rows, and weight rows from how many columns. With VNNI, from 32 rows
-# of 1024 columns or more: on rows of three super-blocks (768, an expert's down projection in
-# Qwen3-30B-A3B) the panels trailed k_few at every row count measured, 0.7-0.8x with remainder
-# rows. Without VNNI (qgemm.WIDE) k_few pays for emulating vpdpbusd a step where the panels sum
-# int16 pairs, and the panels win from 16 rows at every width measured, 768 included
-# (bench/RESULTS.md: "K-quant prefill on packed panels", "Mixtures of experts", "Panels from 16
-# rows and any width where there is no VNNI"; bench/quant_matvec.py --only panels).
-GEMM_MIN = 16 if qgemm.WIDE else 32
-GEMM_MIN_COLS = 0 if qgemm.WIDE else 1024
+# with and without remainder rows, and weight rows from how many columns. With AVX-512 VNNI
+# (qgemm.DEEP: zmm panels, eight rows a pass) from 16 rows at every width measured (12 already
+# won, 1.07-1.5x). With VNNI in 256 bits only, from 32 rows of 1024 columns or more: on rows of
+# three super-blocks (768, an expert's down projection in Qwen3-30B-A3B) the panels trailed k_few
+# at every row count measured, 0.7-0.8x with remainder rows. Without VNNI (qgemm.WIDE) k_few pays
+# for emulating vpdpbusd a step where the panels sum int16 pairs, and the panels win from 16 rows
+# at every width measured, 768 included (bench/RESULTS.md: "K-quant prefill on packed panels",
+# "Mixtures of experts", "Panels from 16 rows and any width where there is no VNNI", "Panels in
+# zmm"; bench/quant_matvec.py --only panels).
+GEMM_MIN = 16 if qgemm.WIDE or qgemm.DEEP else 32
+GEMM_MIN_COLS = 0 if qgemm.WIDE or qgemm.DEEP else 1024
 # Activation rows from which the parallel drivers quantize them on every thread (a prefill's 512
 # rows took 0.3-2 ms a call on one, serial before each product; a decode row stays on one thread,
 # where a second launch would cost more than it saves).
@@ -603,8 +606,8 @@ def linear_par(kind, w, x, out, tile, chunks, mode, legacy):
         return
     xs, xq = activations_par(x, mode if int_dot(kind) else 0, chunks)
     for c in nb.prange(chunks):  # whole pairs of qgemm's panels where they fit
-        rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, 2 * qgemm.P),
-                    chunk_start(rows, c + 1, chunks, 2 * qgemm.P))
+        rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, qgemm.ROWS),
+                    chunk_start(rows, c + 1, chunks, qgemm.ROWS))
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
