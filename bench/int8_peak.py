@@ -8,14 +8,16 @@ products summed into int32 per instruction (VNNI's vpdpbusd where the CPU has AV
 VL or AVX-VNNI; else AVX2's vpmaddubsw + vpmaddwd + vpaddd, what llama.cpp's AVX2 kernels run).
 Without VNNI a second loop sums the same products as qgemm's kernels do there: vpmaddubsw's int16
 pairs added in int16, widened by one vpmaddwd every eight (the ceiling of those kernels).
-The weight bytes stream from a 2 KiB buffer (L1), four loads a pass serving eight products, as
+The weight bytes stream from a 4 KiB buffer (L1), four loads a pass serving eight products, as
 a register-blocked tile does; the activation bytes sit in registers. A multiply-add counts two
 operations, so the figures read as llama.cpp's "GFLOP/s" of a GEMM. Beside it: the float32 FMA
 peak of lanes.vfma (16 lanes), the ceiling of the sgemm and float32 paths, and the int16 peak
 (ilanes.dpwssd: 16 int16 products an instruction), the ceiling of lgemm's legacy-kind GEMM.
 
-The int8 loop is 256 bits wide, as ilanes' registers (and the kernels) are: a CPU with a full
-512-bit datapath (Zen 5) can do more with zmm registers than this shows. The float32 loop uses
+Each integer loop runs twice: in 256-bit vectors (ilanes' ymm types: decode's kernels) and in
+512-bit ones (its zmm twins: qgemm's and lgemm's panels), one zmm register each with AVX-512,
+two ymm halves elsewhere. A CPU with a full 512-bit datapath (Zen 5) does twice the products in
+zmm; one that splits zmm instructions in two (Zen 4) about the same. The float32 loop uses
 lanes' 16-lane vectors (one zmm register with AVX-512, two ymm with AVX2).
 """
 
@@ -36,72 +38,92 @@ import numpy as np  # noqa: E402
 
 from inferno.backends.numba import ilanes  # noqa: E402
 from inferno.backends.numba.ilanes import (  # noqa: E402
-    bload, dpbusd, dpwssd, fsum8, fzero8, hload, iadd, ifma, izero, maddubs, maddwd, wadd, wzero,
+    bload, dpbusd, dpwssd, fsum8, fzero8, hload, iadd, ifloat, ifma, izero, maddubs, maddwd, wadd, wzero,
+    zbload, zhload, zizero, zwzero,
 )
 from inferno.backends.numba.lanes import vfma, vload, vsum, vzero  # noqa: E402
 
-RING = 2048  # bytes of weights cycled through (in L1)
-INT8_MACS = 8 * 32  # multiply-adds a pass: 8 dpbusd of 32 byte products
-INT16_MACS = 8 * 16  # 8 dpwssd of 16 int16 products
+RING = 4096  # bytes of weights cycled through (in L1; more than 8 passes of 512-bit loads, so no pass repeats within a widening)
 F32_MACS = 6 * 16  # 6 FMAs of 16 lanes
 
 
-@nb.njit(cache=False, nogil=True)
-def int8_loop(w, x, passes, out):
-    """8 dpbusd a pass: 4 weight vectors (loaded) x 2 activation vectors (in registers); 8
-    accumulators, so that AVX2's 16 registers hold them with the operands."""
-    x0, x1 = bload(x, 0), bload(x, 32)
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = izero()
-    o = 0
-    for _ in range(passes):
-        w0, w1, w2, w3 = bload(w, o), bload(w, o + 32), bload(w, o + 64), bload(w, o + 96)
-        a0, a1 = dpbusd(a0, w0, x0), dpbusd(a1, w0, x1)
-        a2, a3 = dpbusd(a2, w1, x0), dpbusd(a3, w1, x1)
-        a4, a5 = dpbusd(a4, w2, x0), dpbusd(a5, w2, x1)
-        a6, a7 = dpbusd(a6, w3, x0), dpbusd(a7, w3, x1)
-        o = (o + 128) & (RING - 1)
-    s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
-    out[0] = fsum8(ifma(fzero8(), s, 1.0))
+@nb.njit(inline="always")
+def _total8(s):
+    return fsum8(ifma(fzero8(), s, 1.0))
 
 
-@nb.njit(cache=False, nogil=True)
-def wide_loop(w, x, passes, out):
-    """The same products as int8_loop, summed as qgemm's kernels do without VNNI: maddubs' int16
-    pairs added in int16 (vpmaddubsw + vpaddw), widened by one vpmaddwd every 8 passes."""
-    x0, x1 = bload(x, 0), bload(x, 32)
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = izero()
-    o = 0
-    for _ in range(passes // 8):
-        h0 = h1 = h2 = h3 = h4 = h5 = h6 = h7 = wzero()
-        for _ in range(8):
-            w0, w1, w2, w3 = bload(w, o), bload(w, o + 32), bload(w, o + 64), bload(w, o + 96)
-            h0, h1 = wadd(h0, maddubs(w0, x0)), wadd(h1, maddubs(w0, x1))
-            h2, h3 = wadd(h2, maddubs(w1, x0)), wadd(h3, maddubs(w1, x1))
-            h4, h5 = wadd(h4, maddubs(w2, x0)), wadd(h5, maddubs(w2, x1))
-            h6, h7 = wadd(h6, maddubs(w3, x0)), wadd(h7, maddubs(w3, x1))
-            o = (o + 128) & (RING - 1)
-        a0, a1, a2, a3 = iadd(a0, maddwd(h0, h0)), iadd(a1, maddwd(h1, h1)), iadd(a2, maddwd(h2, h2)), iadd(a3, maddwd(h3, h3))
-        a4, a5, a6, a7 = iadd(a4, maddwd(h4, h4)), iadd(a5, maddwd(h5, h5)), iadd(a6, maddwd(h6, h6)), iadd(a7, maddwd(h7, h7))
-    s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
-    out[0] = fsum8(ifma(fzero8(), s, 1.0))
+@nb.njit(inline="always")
+def _total16(s):
+    return vsum(ifloat(s))
 
 
-@nb.njit(cache=False, nogil=True)
-def int16_loop(w, x, passes, out):
-    """As int8_loop with ilanes.dpwssd (int16 pairs: vpdpwssd with VNNI, else vpmaddwd + vpaddd):
-    the ceiling of lgemm's panels, which multiply the legacy kinds with int16 activations."""
-    x0, x1 = hload(x, 0), hload(x, 32)
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = izero()
-    o = 0
-    for _ in range(passes):
-        w0, w1, w2, w3 = hload(w, o), hload(w, o + 32), hload(w, o + 64), hload(w, o + 96)
-        a0, a1 = dpwssd(a0, w0, x0), dpwssd(a1, w0, x1)
-        a2, a3 = dpwssd(a2, w1, x0), dpwssd(a3, w1, x1)
-        a4, a5 = dpwssd(a4, w2, x0), dpwssd(a5, w2, x1)
-        a6, a7 = dpwssd(a6, w3, x0), dpwssd(a7, w3, x1)
-        o = (o + 128) & (RING - 1)
-    s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
-    out[0] = fsum8(ifma(fzero8(), s, 1.0))
+def loops(bits: int) -> dict:
+    """The integer loops in `bits`-bit vectors (256: ilanes' ymm types; 512: its zmm twins, one
+    zmm register each with AVX-512, two ymm halves elsewhere), and the multiply-adds a pass of
+    each (int8: 8 instructions of 32 or 64 byte products; int16: 16 or 32 pairs)."""
+    wide = bits == 512
+    vb = 64 if wide else 32  # bytes a vector
+    bvec, hvec = (zbload, zhload) if wide else (bload, hload)
+    zero, hzero = (zizero, zwzero) if wide else (izero, wzero)
+    total = _total16 if wide else _total8
+
+    @nb.njit(cache=False, nogil=True)
+    def int8_loop(w, x, passes, out):
+        """8 dpbusd a pass: 4 weight vectors (loaded) x 2 activation vectors (in registers); 8
+        accumulators, so that AVX2's 16 registers hold them with the operands."""
+        x0, x1 = bvec(x, 0), bvec(x, vb)
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero()
+        o = 0
+        for _ in range(passes):
+            w0, w1, w2, w3 = bvec(w, o), bvec(w, o + vb), bvec(w, o + 2 * vb), bvec(w, o + 3 * vb)
+            a0, a1 = dpbusd(a0, w0, x0), dpbusd(a1, w0, x1)
+            a2, a3 = dpbusd(a2, w1, x0), dpbusd(a3, w1, x1)
+            a4, a5 = dpbusd(a4, w2, x0), dpbusd(a5, w2, x1)
+            a6, a7 = dpbusd(a6, w3, x0), dpbusd(a7, w3, x1)
+            o = (o + 4 * vb) & (RING - 1)
+        s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
+        out[0] = total(s)
+
+    @nb.njit(cache=False, nogil=True)
+    def wide_loop(w, x, passes, out):
+        """The same products as int8_loop, summed as qgemm's kernels do without VNNI: maddubs'
+        int16 pairs added in int16 (vpmaddubsw + vpaddw), widened by one vpmaddwd every 8 passes."""
+        x0, x1 = bvec(x, 0), bvec(x, vb)
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero()
+        o = 0
+        for _ in range(passes // 8):
+            h0 = h1 = h2 = h3 = h4 = h5 = h6 = h7 = hzero()
+            for _ in range(8):
+                w0, w1, w2, w3 = bvec(w, o), bvec(w, o + vb), bvec(w, o + 2 * vb), bvec(w, o + 3 * vb)
+                h0, h1 = wadd(h0, maddubs(w0, x0)), wadd(h1, maddubs(w0, x1))
+                h2, h3 = wadd(h2, maddubs(w1, x0)), wadd(h3, maddubs(w1, x1))
+                h4, h5 = wadd(h4, maddubs(w2, x0)), wadd(h5, maddubs(w2, x1))
+                h6, h7 = wadd(h6, maddubs(w3, x0)), wadd(h7, maddubs(w3, x1))
+                o = (o + 4 * vb) & (RING - 1)
+            a0, a1, a2, a3 = iadd(a0, maddwd(h0, h0)), iadd(a1, maddwd(h1, h1)), iadd(a2, maddwd(h2, h2)), iadd(a3, maddwd(h3, h3))
+            a4, a5, a6, a7 = iadd(a4, maddwd(h4, h4)), iadd(a5, maddwd(h5, h5)), iadd(a6, maddwd(h6, h6)), iadd(a7, maddwd(h7, h7))
+        s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
+        out[0] = total(s)
+
+    @nb.njit(cache=False, nogil=True)
+    def int16_loop(w, x, passes, out):
+        """As int8_loop with ilanes.dpwssd (int16 pairs: vpdpwssd with VNNI, else vpmaddwd +
+        vpaddd): the ceiling of lgemm's panels, which multiply the legacy kinds with int16
+        activations."""
+        x0, x1 = hvec(x, 0), hvec(x, vb)
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero()
+        o = 0
+        for _ in range(passes):
+            w0, w1, w2, w3 = hvec(w, o), hvec(w, o + vb), hvec(w, o + 2 * vb), hvec(w, o + 3 * vb)
+            a0, a1 = dpwssd(a0, w0, x0), dpwssd(a1, w0, x1)
+            a2, a3 = dpwssd(a2, w1, x0), dpwssd(a3, w1, x1)
+            a4, a5 = dpwssd(a4, w2, x0), dpwssd(a5, w2, x1)
+            a6, a7 = dpwssd(a6, w3, x0), dpwssd(a7, w3, x1)
+            o = (o + 4 * vb) & (RING - 1)
+        s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
+        out[0] = total(s)
+
+    return {"int8": (int8_loop, 8 * vb), "int8_int16_sums": (wide_loop, 8 * vb), "int16": (int16_loop, 8 * vb // 2)}
 
 
 @nb.njit(cache=False, nogil=True, fastmath={"contract"})
@@ -137,12 +159,14 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     rng = np.random.default_rng(0)
-    w8, x8 = rng.integers(0, 16, RING, dtype=np.uint8), rng.integers(-128, 128, 96).astype(np.int8).view(np.uint8)
+    w8, x8 = rng.integers(0, 16, RING, dtype=np.uint8), rng.integers(-128, 128, 128).astype(np.int8).view(np.uint8)
     wf, xf = rng.standard_normal(RING // 4, dtype=np.float32), rng.standard_normal(48, dtype=np.float32)
-    t8 = timed(int8_loop, w8, x8, args.passes, args.repeats)
-    tw = timed(wide_loop, w8, x8, args.passes, args.repeats)
-    t16 = timed(int16_loop, w8, x8, args.passes, args.repeats)
     tf = timed(f32_loop, wf, xf, args.passes, args.repeats)
+    gops = {}
+    for bits in (256, 512):
+        for name, (fn, macs) in loops(bits).items():
+            passes = args.passes // 8 * 8
+            gops[f"{name}_{bits}"] = macs * 2 * passes / timed(fn, w8, x8, passes, args.repeats) / 1e9
     feats = ilanes.target_features()
     result = {
         "cpu": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
@@ -150,22 +174,29 @@ def main() -> None:
         "int8_instruction": "vpdpbusd" if ilanes.fast_int_dot() and ilanes._vnni() else
         ("vpmaddubsw+vpmaddwd" if ilanes.fast_int_dot() else "generic LLVM vectors"),
         "avx512": "avx512f" in feats,
-        "int8_gops": INT8_MACS * 2 * args.passes / t8 / 1e9,
-        "int8_int16_sums_gops": INT8_MACS * 2 * (args.passes // 8 * 8) / tw / 1e9,
-        "int16_gops": INT16_MACS * 2 * args.passes / t16 / 1e9,
+        "zmm_int_dot": ilanes.zmm_int_dot(),
+        "int8_gops": gops["int8_256"],
+        "int8_int16_sums_gops": gops["int8_int16_sums_256"],
+        "int16_gops": gops["int16_256"],
+        "int8_512_gops": gops["int8_512"],
+        "int8_int16_sums_512_gops": gops["int8_int16_sums_512"],
+        "int16_512_gops": gops["int16_512"],
         "f32_gflops": F32_MACS * 2 * args.passes / tf / 1e9,
     }
-    result["int8_over_f32"] = result["int8_gops"] / result["f32_gflops"]
+    result["int8_over_f32"] = max(gops["int8_256"], gops["int8_512"]) / result["f32_gflops"]
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{result['cpu']}, one core ({result['int8_instruction']}; 256-bit registers)")
-    print(f"  int8 dot products   {result['int8_gops']:8.1f} GOP/s (a multiply-add is 2)")
-    print(f"  int8, int16 sums    {result['int8_int16_sums_gops']:8.1f} GOP/s (vpmaddubsw+vpaddw: qgemm without VNNI)")
-    print(f"  int16 dot products  {result['int16_gops']:8.1f} GOP/s "
-          f"({'vpdpwssd' if ilanes.fast_int_dot() and ilanes._vnni() else 'vpmaddwd+vpaddd'}: lgemm's ceiling)")
-    print(f"  float32 FMA         {result['f32_gflops']:8.1f} GFLOP/s")
-    print(f"  ratio               {result['int8_over_f32']:8.2f}x")
+    zmm = "one zmm register" if result["avx512"] else "two ymm halves"
+    print(f"{result['cpu']}, one core ({result['int8_instruction']}); GOP/s, a multiply-add is 2")
+    print(f"  {'':20} {'256-bit':>9} {'512-bit':>9}  (512-bit vectors: {zmm})")
+    print(f"  {'int8 dot products':20} {result['int8_gops']:9.1f} {result['int8_512_gops']:9.1f}")
+    print(f"  {'int8, int16 sums':20} {result['int8_int16_sums_gops']:9.1f} {result['int8_int16_sums_512_gops']:9.1f}"
+          "  (vpmaddubsw+vpaddw: qgemm without VNNI)")
+    print(f"  {'int16 dot products':20} {result['int16_gops']:9.1f} {result['int16_512_gops']:9.1f}"
+          f"  ({'vpdpwssd' if ilanes.fast_int_dot() and ilanes._vnni() else 'vpmaddwd+vpaddd'}: lgemm's ceiling)")
+    print(f"  float32 FMA          {result['f32_gflops']:9.1f} GFLOP/s (16 lanes)")
+    print(f"  int8 over float32    {result['int8_over_f32']:9.2f}x (the wider int8)")
 
 
 if __name__ == "__main__":
