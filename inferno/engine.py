@@ -25,7 +25,7 @@ from inferno.tools import detect_format, for_template, supports_tools
 from inferno.errors import InfernoError
 from inferno.model.gguf_file import file_type_name
 from inferno.model.loader import Checkpoint, open_checkpoint
-from inferno.model.decoder import DecoderModel, Segment
+from inferno.model.decoder import UBATCH, DecoderModel, Segment
 from inferno.model.resolve import alias_sampling, resolve
 from inferno.model.sampling import SamplingDefaults
 from inferno.scheduler import Scheduler, Slots
@@ -307,7 +307,7 @@ class Engine:
     def _generate(self, seq: Sequence, slots: Slots, to_context: bool = False):
         """`to_context`: max_tokens is what the context had room for (stop_reason "context")."""
         ops = self.ops
-        loop = Scheduler(self, slots)  # no chunk limit: a lone prompt prefills in one step
+        loop = Scheduler(self, slots, chunk=UBATCH)  # a long prompt in passes of UBATCH tokens
         loop.add([seq])
         pieces, lps = [], []
         waited = 0.0  # time the consumer held a piece: not decode time

@@ -7,7 +7,8 @@ retires them (nano-vllm's scheduler, with chunked prefill and prefix reuse).
     while loop.busy:
         for seq, event in loop.step(): ...
 
-`Engine.generate` runs one sequence through it (the batch of one, the whole prompt in one step);
+`Engine.generate` runs one sequence through it (the batch of one, its prompt in passes of
+decoder.UBATCH tokens, as llama.cpp's n_ubatch);
 the server's BatchEngine runs it on its own thread for every request. Each step:
   1. retire the cancelled, and give waiting sequences free slots, each with the longest cached
      prefix of its prompt (see Slots);

@@ -169,3 +169,34 @@ def test_the_servers_options_reach_the_python_api(engine):
         engine.generate("hi", logprobs=True, top_logprobs=50)
     with pytest.raises(inferno.InfernoError, match="logit_bias: a token id is out of range"):
         engine.generate("hi", logit_bias={10**6: 1.0})
+
+
+def test_a_long_prompt_is_prefilled_in_passes(engine, monkeypatch):
+    """A prompt longer than decoder.UBATCH goes through the model in passes of UBATCH tokens
+    (llama.cpp's n_ubatch), in forward with a cache and in generate: the last row's logits, the
+    cache's rows and the reply are those of one pass, to float32 rounding."""
+    import inferno.engine
+    import inferno.model.decoder as decoder
+    model, ops = engine.model, engine.ops
+    ids = np.random.default_rng(3).integers(5, engine.config.vocab_size, 23)
+    whole = model.new_cache(32)
+    want = ops.to_numpy(model.forward(ids, whole, last_only=True))
+    steps = []
+    step = model.step
+    monkeypatch.setattr(model, "step", lambda segments, *a, **kw: steps.append(
+        [(s.ids.size, s.start, s.logits) for s in segments]) or step(segments, *a, **kw))
+    monkeypatch.setattr(decoder, "UBATCH", 8)
+    parts = model.new_cache(32)
+    got = ops.to_numpy(model.forward(ids, parts, last_only=True))
+    assert steps == [[(8, 0, False)], [(8, 8, False)], [(7, 16, True)]]
+    assert parts.length == whole.length == 23
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    for a, b in zip(whole.k + whole.v, parts.k + parts.v):  # stored in the cache's type: a
+        want_rows = ops.to_numpy(ops.read_kv(a, 0, 0, 23))  # float32 rounding may tip one f16 ulp
+        np.testing.assert_allclose(ops.to_numpy(ops.read_kv(b, 0, 0, 23)), want_rows, rtol=1e-3,
+                                   atol=1e-5 * np.abs(want_rows).max())
+    one = engine.generate(None, prompt_ids=list(map(int, ids)), max_tokens=4, temperature=0)
+    steps.clear()
+    monkeypatch.setattr(inferno.engine, "UBATCH", 8)
+    split = engine.generate(None, prompt_ids=list(map(int, ids)), max_tokens=4, temperature=0)
+    assert [s[0][0] for s in steps[:3]] == [8, 8, 7] and split.token_ids == one.token_ids
