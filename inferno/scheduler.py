@@ -145,7 +145,8 @@ class Slots:
 
 class Scheduler:
     """Runs sequences in `slots`, step by step, on the calling thread. `chunk` caps the prompt
-    tokens prefilled per step (None: a whole prompt at once, for a generation alone)."""
+    tokens prefilled per step (None: a whole prompt at once; a generation alone passes
+    decoder.UBATCH)."""
 
     def __init__(self, engine, slots: Slots, chunk: int | None = None, on_token=None):
         """`on_token(seq, gap)`, if given, hears of each token sampled: `gap` is the seconds

@@ -174,27 +174,35 @@ def test_the_servers_options_reach_the_python_api(engine):
 def test_a_long_prompt_is_prefilled_in_passes(engine, monkeypatch):
     """A prompt longer than decoder.UBATCH goes through the model in passes of UBATCH tokens
     (llama.cpp's n_ubatch), in forward with a cache and in generate: the last row's logits, the
-    cache's rows and the reply are those of one pass, to float32 rounding."""
+    cache's rows and the reply are those of one pass, to float32 rounding; a prompt that is a
+    multiple of the pass, after a cache, too; one that does not fit is refused before any pass."""
     import inferno.engine
     import inferno.model.decoder as decoder
     model, ops = engine.model, engine.ops
-    ids = np.random.default_rng(3).integers(5, engine.config.vocab_size, 23)
-    whole = model.new_cache(32)
-    want = ops.to_numpy(model.forward(ids, whole, last_only=True))
+    rng = np.random.default_rng(3)
+    ids, more = rng.integers(5, engine.config.vocab_size, 23), rng.integers(5, engine.config.vocab_size, 16)
+    whole = model.new_cache(48)
+    want = ops.to_numpy(model.forward(ids, whole, last_only=True))  # one pass each
+    want_more = ops.to_numpy(model.forward(more, whole, last_only=True))
     steps = []
     step = model.step
     monkeypatch.setattr(model, "step", lambda segments, *a, **kw: steps.append(
         [(s.ids.size, s.start, s.logits) for s in segments]) or step(segments, *a, **kw))
     monkeypatch.setattr(decoder, "UBATCH", 8)
-    parts = model.new_cache(32)
+    parts = model.new_cache(48)
     got = ops.to_numpy(model.forward(ids, parts, last_only=True))
-    assert steps == [[(8, 0, False)], [(8, 8, False)], [(7, 16, True)]]
-    assert parts.length == whole.length == 23
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    got_more = ops.to_numpy(model.forward(more, parts, last_only=True))
+    assert steps == [[(8, 0, False)], [(8, 8, False)], [(7, 16, True)], [(8, 23, False)], [(8, 31, True)]]
+    assert parts.length == whole.length == 39
+    for a, b in ((got, want), (got_more, want_more)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
     for a, b in zip(whole.k + whole.v, parts.k + parts.v):  # stored in the cache's type: a
-        want_rows = ops.to_numpy(ops.read_kv(a, 0, 0, 23))  # float32 rounding may tip one f16 ulp
-        np.testing.assert_allclose(ops.to_numpy(ops.read_kv(b, 0, 0, 23)), want_rows, rtol=1e-3,
+        want_rows = ops.to_numpy(ops.read_kv(a, 0, 0, 39))  # float32 rounding may tip one f16 ulp
+        np.testing.assert_allclose(ops.to_numpy(ops.read_kv(b, 0, 0, 39)), want_rows, rtol=1e-3,
                                    atol=1e-5 * np.abs(want_rows).max())
+    with pytest.raises(inferno.InfernoError, match="KV cache full"):
+        model.forward(more, parts, last_only=True)
+    assert parts.length == 39  # refused before any pass wrote
     one = engine.generate(None, prompt_ids=list(map(int, ids)), max_tokens=4, temperature=0)
     steps.clear()
     monkeypatch.setattr(inferno.engine, "UBATCH", 8)

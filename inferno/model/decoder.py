@@ -202,6 +202,9 @@ class DecoderModel:
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         start = cache.length if cache is not None else 0
         if cache is not None and last_only and ids.size > UBATCH:
+            if start + ids.size > cache.capacity:  # before any pass writes: as one step would
+                raise InfernoError(f"KV cache full: {start} + {ids.size} tokens exceed its "
+                                   f"{cache.capacity} positions")
             last = (ids.size - 1) // UBATCH * UBATCH
             for i in range(0, last, UBATCH):  # a prompt's passes before its last: no logits
                 self.step([Segment(ids[i:i + UBATCH], 0, start + i, logits=False)], cache)

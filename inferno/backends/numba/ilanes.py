@@ -310,7 +310,7 @@ def maddubs(typingctx, u, s):
     """u[2i] s[2i] + u[2i + 1] s[2i + 1] as int16 (u unsigned, s signed bytes; saturating,
     which the callers' ranges never reach): 16 lanes from 32 bytes, 32 from 64."""
     family = _width(u, s)
-    if family is None or u != family[0]:
+    if family is None or u != family[0] or s != family[0]:
         return None
 
     def codegen(context, builder, sig, args):
@@ -322,7 +322,7 @@ def maddubs(typingctx, u, s):
 def maddwd(typingctx, a, b):
     """a[2i] b[2i] + a[2i + 1] b[2i + 1] as int32 (8 lanes, or 16 from 512-bit a and b)."""
     family = _width(a, b)
-    if family is None or a != family[1]:
+    if family is None or a != family[1] or b != family[1]:
         return None
 
     def codegen(context, builder, sig, args):
@@ -395,7 +395,7 @@ def zizero(typingctx):
 @intrinsic
 def bsplat4(typingctx, f, o):
     """The 4 bytes f[o:o + 4] in each of the 8 quads: one activation's four values against
-    eight weight rows' (qgemm's interleaved panels)."""
+    eight weight rows' (kpanels' stored panels)."""
     def codegen(context, builder, sig, args):
         w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=1)
         return builder.bitcast(_splat(builder, w, _D), _B)
@@ -462,8 +462,8 @@ def _transpose8(builder, rows):
 def bstore_columns(typingctx, f, o, stride, v0, v1, v2, v3, v4, v5, v6, v7):
     """f[o + stride t: o + stride t + 32] = the 4-byte words t of v0..v7, in that order, for t in
     0..7: eight rows' runs of 32 bytes, interleaved by fours (qgemm's panels, stride 64: their
-    two halves' steps side by side; or 16 int16 each, interleaved by pairs: lgemm's, stride 32),
-    f a byte array."""
+    two halves' steps side by side; kpanels' stored ones, stride 32), or 16 int16 each,
+    interleaved by pairs (lgemm's panels, stride 64), f a byte array."""
     def codegen(context, builder, sig, args):
         cols = _transpose8(builder, [builder.bitcast(v, _D) for v in args[3:]])
         base = context.make_array(sig.args[0])(context, builder, args[0]).data

@@ -7,7 +7,7 @@ run of 32 pays for its own 6-bit scale (a broadcast and a vpmaddwd), and each su
 unpacking its scales one row at a time: about 75 instructions for 256 weights, so that Q4_K
 decode is bound by the cores' arithmetic wherever the memory is faster than about 25 GB/s on
 two cores (bench/RESULTS.md, "Q4_K in panels of eight rows"). In a panel, one 32-byte load holds four consecutive weights of each of eight rows in its int32 lanes
-(as qgemm's panels, and llama.cpp's repacked block_q4_Kx8), so one vpdpbusd against four
+(as each half of a qgemm panel's 64-byte step, and llama.cpp's repacked block_q4_Kx8), so one vpdpbusd against four
 activation bytes broadcast to every lane adds eight rows' products, a group's scales are one
 int32 multiply for the eight rows, and a super-block's d and mins one float multiply-add each.
 The nibbles stay nibbles: a decode step reads the same bytes as the file's rows.

@@ -13,8 +13,9 @@ rows' d in one float multiply-add. Eight activation rows meet a panel per pass w
 has AVX-512's 32 vector registers, four where it has AVX2's 16 (half as many with the remainder
 rows, which need registers of their own), so one step is one 64-byte load, eight 4-byte
 broadcasts (folded into the vpdpbusd as memory operands) and eight vpdpbusd. The vectors are 512 bits (ilanes' i8x64, i32x16): one zmm
-instruction each where the machine has AVX-512 VNNI, two ymm ones elsewhere (the first and
-second eight rows, as two panels of eight side by side were before: the same instructions).
+instruction each where the machine has AVX-512 (VNNI for vpdpbusd), two ymm ones elsewhere
+(the first and second eight rows, as two panels of eight side by side were before: the same
+instructions).
 Where the machine has no VNNI (`WIDE`), a step is vpmaddubsw + vpaddw into int16 sums, widened
 and scaled by one vpmaddwd per run of steps that cannot overflow (`chunk`): the same integers,
 so the same results.
@@ -68,8 +69,10 @@ STEPS = QK // 4  # dpbusd steps per super-block
 RUNS = QK // 16  # runs of 16 activations per super-block (qdot's sums)
 # Without VNNI, int16 sums (see `step`), fixed when the kernels compile, as ilanes' choice is.
 WIDE = not (fast_int_dot() and _vnni())
-# Activation rows per pass: a row's sums take three vector registers (five with its remainder
-# row), so AVX-512's 32 hold eight rows (four with remainder rows), and AVX2's 16 four (two).
+# Activation rows per pass: a row's sums take three 512-bit vectors (five with its remainder
+# row), so AVX-512's 32 zmm registers hold eight rows (four with remainder rows). Without
+# AVX-512 each vector is two ymm halves and four rows (two) already spill a little, as the two
+# panels of eight did before; eight measured slower there (bench/RESULTS.md, "Panels in zmm").
 DEEP = zmm_registers()
 EIGHT = 8
 # A run of steps sums in int16 without VNNI (`step`), else in int32.

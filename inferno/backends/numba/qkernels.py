@@ -99,7 +99,7 @@ GEMM_MIN_COLS = 0 if qgemm.WIDE or qgemm.DEEP else 1024
 # where a second launch would cost more than it saves).
 PAR_ACTIVATIONS = 64
 # Weight rows per pass of lgemm's panels: the parallel drivers split a prefill's rows on them.
-PASS_ROWS = lgemm.PANELS * lgemm.P
+PASS_ROWS = lgemm.PANELS * lgemm.ROWS
 
 
 # -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
@@ -605,7 +605,7 @@ def linear_par(kind, w, x, out, tile, chunks, mode, legacy):
             prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch[c])
         return
     xs, xq = activations_par(x, mode if int_dot(kind) else 0, chunks)
-    for c in nb.prange(chunks):  # whole pairs of qgemm's panels where they fit
+    for c in nb.prange(chunks):  # whole panels of qgemm's where they fit
         rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, qgemm.ROWS),
                     chunk_start(rows, c + 1, chunks, qgemm.ROWS))
 
