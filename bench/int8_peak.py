@@ -67,22 +67,26 @@ def loops(bits: int) -> dict:
     zero, hzero = (zizero, zwzero) if wide else (izero, wzero)
     total = _total16 if wide else _total8
 
-    @nb.njit(cache=False, nogil=True)
-    def int8_loop(w, x, passes, out):
-        """8 dpbusd a pass: 4 weight vectors (loaded) x 2 activation vectors (in registers); 8
-        accumulators, so that AVX2's 16 registers hold them with the operands."""
-        x0, x1 = bvec(x, 0), bvec(x, vb)
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero()
-        o = 0
-        for _ in range(passes):
-            w0, w1, w2, w3 = bvec(w, o), bvec(w, o + vb), bvec(w, o + 2 * vb), bvec(w, o + 3 * vb)
-            a0, a1 = dpbusd(a0, w0, x0), dpbusd(a1, w0, x1)
-            a2, a3 = dpbusd(a2, w1, x0), dpbusd(a3, w1, x1)
-            a4, a5 = dpbusd(a4, w2, x0), dpbusd(a5, w2, x1)
-            a6, a7 = dpbusd(a6, w3, x0), dpbusd(a7, w3, x1)
-            o = (o + 4 * vb) & (RING - 1)
-        s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
-        out[0] = total(s)
+    def dot_loop(vec, dot):
+        """8 `dot`s a pass: 4 weight vectors (loaded with `vec`) x 2 activation vectors (in
+        registers); 8 accumulators, so that AVX2's 16 registers hold them with the operands.
+        dpbusd: int8 products; dpwssd: int16 pairs (vpdpwssd with VNNI, else vpmaddwd + vpaddd),
+        the ceiling of lgemm's panels, which multiply the legacy kinds with int16 activations."""
+        @nb.njit(cache=False, nogil=True)
+        def loop(w, x, passes, out):
+            x0, x1 = vec(x, 0), vec(x, vb)
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero()
+            o = 0
+            for _ in range(passes):
+                w0, w1, w2, w3 = vec(w, o), vec(w, o + vb), vec(w, o + 2 * vb), vec(w, o + 3 * vb)
+                a0, a1 = dot(a0, w0, x0), dot(a1, w0, x1)
+                a2, a3 = dot(a2, w1, x0), dot(a3, w1, x1)
+                a4, a5 = dot(a4, w2, x0), dot(a5, w2, x1)
+                a6, a7 = dot(a6, w3, x0), dot(a7, w3, x1)
+                o = (o + 4 * vb) & (RING - 1)
+            s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
+            out[0] = total(s)
+        return loop
 
     @nb.njit(cache=False, nogil=True)
     def wide_loop(w, x, passes, out):
@@ -105,24 +109,7 @@ def loops(bits: int) -> dict:
         s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
         out[0] = total(s)
 
-    @nb.njit(cache=False, nogil=True)
-    def int16_loop(w, x, passes, out):
-        """As int8_loop with ilanes.dpwssd (int16 pairs: vpdpwssd with VNNI, else vpmaddwd +
-        vpaddd): the ceiling of lgemm's panels, which multiply the legacy kinds with int16
-        activations."""
-        x0, x1 = hvec(x, 0), hvec(x, vb)
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero()
-        o = 0
-        for _ in range(passes):
-            w0, w1, w2, w3 = hvec(w, o), hvec(w, o + vb), hvec(w, o + 2 * vb), hvec(w, o + 3 * vb)
-            a0, a1 = dpwssd(a0, w0, x0), dpwssd(a1, w0, x1)
-            a2, a3 = dpwssd(a2, w1, x0), dpwssd(a3, w1, x1)
-            a4, a5 = dpwssd(a4, w2, x0), dpwssd(a5, w2, x1)
-            a6, a7 = dpwssd(a6, w3, x0), dpwssd(a7, w3, x1)
-            o = (o + 4 * vb) & (RING - 1)
-        s = iadd(iadd(iadd(a0, a1), iadd(a2, a3)), iadd(iadd(a4, a5), iadd(a6, a7)))
-        out[0] = total(s)
-
+    int8_loop, int16_loop = dot_loop(bvec, dpbusd), dot_loop(hvec, dpwssd)
     return {"int8": (int8_loop, 8 * vb), "int8_int16_sums": (wide_loop, 8 * vb), "int16": (int16_loop, 8 * vb // 2)}
 
 

@@ -42,6 +42,12 @@ from inferno.model.kv_cache import KVCache
 UBATCH = 512
 
 
+def check_room(cache: KVCache, start: int, n: int) -> None:
+    """One clear error where n tokens from position `start` would not fit the cache."""
+    if start + n > cache.capacity:
+        raise InfernoError(f"KV cache full: {start} + {n} tokens exceed its {cache.capacity} positions")
+
+
 @dataclass(frozen=True)
 class Segment:
     """Tokens of one sequence in a step: `ids` continue cache slot `slot` from position `start`
@@ -202,9 +208,7 @@ class DecoderModel:
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         start = cache.length if cache is not None else 0
         if cache is not None and last_only and ids.size > UBATCH:
-            if start + ids.size > cache.capacity:  # before any pass writes: as one step would
-                raise InfernoError(f"KV cache full: {start} + {ids.size} tokens exceed its "
-                                   f"{cache.capacity} positions")
+            check_room(cache, start, ids.size)  # before any pass writes, as one step would
             last = (ids.size - 1) // UBATCH * UBATCH
             for i in range(0, last, UBATCH):  # a prompt's passes before its last: no logits
                 self.step([Segment(ids[i:i + UBATCH], 0, start + i, logits=False)], cache)
@@ -224,9 +228,8 @@ class DecoderModel:
         for s in segments:
             if s.ids.size == 0:
                 raise InfernoError("a segment needs at least one token")
-            if cache is not None and s.start + s.ids.size > cache.capacity:
-                raise InfernoError(f"KV cache full: {s.start} + {s.ids.size} tokens exceed its "
-                                   f"{cache.capacity} positions")
+            if cache is not None:
+                check_room(cache, s.start, s.ids.size)
         ops.begin_step()
         batch = _Batch(segments, cached=cache is not None)
         rope = {local: ops.rope_tables(batch.positions, inv) for local, inv in self.inv_freq.items()}
