@@ -44,8 +44,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="torch backend device: cuda, mps or cpu (default: the first available)")
     p.add_argument("--dtype", default=None, choices=["f32", "bf16"],
                    help="torch/gpu backend weight dtype (default: f32)")
-    p.add_argument("--decode", default=None, choices=["pingpong", "serial"],
-                   help="gpu backend: the Triton decode kernel's KV loop (default: pingpong)")
+    p.add_argument("--decode", default=None, choices=["serial", "pingpong"],
+                   help="gpu backend: the Triton decode kernel's KV loop (default: serial)")
+    p.add_argument("--graphs", default=None, choices=["on", "eager", "off"],
+                   help="torch/gpu backends: decode steps sampled on the device and captured in "
+                        "CUDA graphs (on), the same step uncaptured (eager), or op by op with "
+                        "sampling on the host (off) (default: on with CUDA, else off)")
     p.add_argument("--prefill", default=None, choices=["sdpa", "materialized"],
                    help="gpu backend: prefill attention path (default: sdpa)")
     p.add_argument("--flash", default="on", choices=["on", "off"],
@@ -216,7 +220,7 @@ def load_engine(args, trace: bool = False):
 def backend_options(args) -> dict:
     """The backend flags as create_backend options (None: not given)."""
     return dict(threads=args.threads, device=args.device, dtype=args.dtype, decode=args.decode,
-                prefill=args.prefill)
+                prefill=args.prefill, graphs=args.graphs)
 
 
 def sampling_options(args) -> dict:

@@ -118,6 +118,11 @@ class Engine:
         checkpoint.tensors.clear()  # the backend holds the weights now
         self.weight_bytes_per_token = self.model.weight_bytes_per_token()
         self.parameters, self.active_parameters = self.model.parameters()
+        # A backend that decodes on the device keeps one slot for single generations, its
+        # decode step captured here, at load: a new cache would mean a new capture.
+        self._solo = None
+        if ops.device_step and not trace:
+            self._solo = self.new_slots(1, min(self.ctx_size, SOLO_CAPACITY), growable=True)
         if warm_up:
             self._warm_up()
         # The tracer goes on after the warm-up, so its histogram holds only the user's calls.
@@ -220,7 +225,7 @@ class Engine:
                                **sampling)
         self._check_fits(ids.size, max_tokens, ctx_size)
         need = ids.size + max_tokens
-        slots = session._slots(self, need) if session is not None else self.new_slots(1, need)
+        slots = session._slots(self, need) if session is not None else self._slots_for(need)
         seq = Sequence(ids.tolist(), options, self.tokenizer, self.eos)
         return Stream(self._generate(seq, slots, to_context))
 
@@ -277,6 +282,18 @@ class Engine:
             ops.to_numpy(model.step([Segment(zeros(1), 0, 3), Segment(zeros(2), 1, 2)], cache))
         ops.to_numpy(model.step([Segment(zeros(1), 0, 4)], cache))
         ops.to_numpy(model.step([Segment(zeros(1), 0, 5), Segment(zeros(2), 1, 4)], cache))
+        if self._solo is not None:
+            self._solo.runner()  # the decode step of one sequence, captured
+
+    def _slots_for(self, need: int) -> Slots:
+        """A single generation's KV cache slot: the engine's own (its device runner captured
+        at load, the cache grown when a request needs more room) when there is one and no
+        other stream holds it; else a new one sized for the request."""
+        solo = self._solo
+        if solo is None or solo.busy[0]:
+            return self.new_slots(1, need)
+        solo.clear()  # as a new one: no rows reused across calls (a Session reuses them)
+        return solo
 
     def _context(self, ctx_size: int | None) -> int:
         return check_ctx_size(ctx_size, self.config) if ctx_size is not None else self.ctx_size
@@ -350,6 +367,9 @@ class Engine:
 
 
 EMPTY_PROMPT = "the prompt is empty: give some text"
+# Positions of the slot single generations share on a backend that decodes on the device: a
+# request that needs more grows it (and captures its step again) up to the context.
+SOLO_CAPACITY = 4096
 DEFAULT_MAX_TOKENS = 256  # a reply's length when max_tokens is not given and the context allows
 
 

@@ -34,7 +34,7 @@ from collections import deque
 import numpy as np
 
 from inferno.model.decoder import Segment
-from inferno.sequence import Event, Sequence, masks_for
+from inferno.sequence import Event, Sequence, decode_rows, masks_for
 
 log = logging.getLogger("inferno.serve")
 
@@ -69,6 +69,7 @@ class Slots:
         self.busy = [False] * count
         self.used = [0] * count  # when each slot was last taken: least recently used goes first
         self._clock = itertools.count(1)
+        self._runner: tuple = (None, None)  # (the cache it was made for, the device runner)
 
     @property
     def count(self) -> int:
@@ -109,6 +110,21 @@ class Slots:
             cache.lengths[slot] = best
         return best
 
+    def runner(self):
+        """The backend's device runner for this cache (Backend.decode_graphs: the decode step
+        sampled on the device, on CUDA captured in graphs), made on first use and again after
+        the cache grows; None where the backend decodes op by op, or the model cannot (a
+        mixture of experts' routing reads its choices on the host)."""
+        if self._runner[0] is not self.cache:
+            model, cache = self.model, self.cache
+            runner = None
+            if model.cfg.experts is None:
+                runner = model.ops.decode_graphs(
+                    lambda ids, positions, slots, kv_lens: model.decode(ids, positions, slots, kv_lens, cache),
+                    self.count, cache.capacity, model.cfg.vocab_size, self.count)
+            self._runner = (cache, runner)
+        return self._runner[1]
+
     def wrote(self, slot: int, start: int, ids) -> None:
         """The forward that wrote `ids`' rows at `start` returned: the slot holds them now."""
         tokens = self.tokens[slot]
@@ -141,6 +157,8 @@ class Slots:
                     if tokens:
                         ops.copy_kv(new, slot, buf, slot, 0, len(tokens))
         self.cache.lengths = [len(t) for t in self.tokens]
+        if self._runner[1] is not None:  # captured now, not between a reply's tokens
+            self.runner()
 
 
 class Scheduler:
@@ -184,26 +202,13 @@ class Scheduler:
         if not batch:
             return events
         self.steps += 1
-        sampling = []
-        for seq, seg, row in self._forward(batch, events):
-            self.slots.wrote(seq.slot, seg.start, seg.ids)
-            seq.pos += seg.ids.size
-            if seg.start < len(seq.prompt):
-                self.prompt_computed += seg.ids.size
-            if not seq.prefilling:
-                sampling.append((seq, row))
-        try:
-            masks = masks_for([seq for seq, _ in sampling])  # the whole batch's, in one call
-        except Exception as e:  # the grammar library's fault: its sequences fail, the rest go on
-            for seq, _ in sampling:
-                if seq.matcher is not None:
-                    self._fail(seq, e, events)
-            sampling = [(seq, row) for seq, row in sampling if seq.matcher is None]
-            masks = [None] * len(sampling)
-        for (seq, row), mask in zip(sampling, masks):
+        picks = self._on_device(batch, events)
+        if picks is None:
+            picks = self._on_host(batch, events)
+        for seq, token, logprob in picks:
             try:
-                event = seq.accept(row, mask)
-            except Exception as e:  # a sampler or detokenizer fault: this sequence only
+                event = seq.take(token, logprob)
+            except Exception as e:  # a detokenizer fault: this sequence only
                 self._fail(seq, e, events)
                 continue
             self.generated += 1
@@ -260,6 +265,73 @@ class Scheduler:
     def _reused(self, seq: Sequence, n: int) -> None:
         seq.cached += n
         self.prompt_cached += n
+
+    def _on_host(self, batch, events) -> list[tuple[Sequence, int, object]]:
+        """The step op by op: a forward pass, its logits rows to the host, each sampled there.
+        (sequence, token, logprob) for each sequence that samples."""
+        sampling = []
+        for seq, seg, row in self._forward(batch, events):
+            self._wrote(seq, seg)
+            if not seq.prefilling:
+                sampling.append((seq, row))
+        masks = self._masks([seq for seq, _ in sampling], events)
+        picks = []
+        for (seq, row), mask in zip(sampling, masks):
+            if seq.finished:  # its grammar failed
+                continue
+            try:
+                picks.append((seq, *seq.choose(row, mask)))
+            except Exception as e:  # a sampler fault: this sequence only
+                self._fail(seq, e, events)
+        return picks
+
+    def _on_device(self, batch, events) -> list[tuple[Sequence, int, object]] | None:
+        """A step where every sequence decodes, on the device runner of the slots' cache when
+        the backend has one (Backend.decode_graphs): the rows' values go in, one token each
+        comes back. None when the step is not for the device (a prompt chunk in it, or no
+        runner) or the device failed it: then it runs on the host."""
+        if any(seq.prefilling for seq, _ in batch):
+            return None
+        runner = self.slots.runner()
+        if runner is None:
+            return None
+        masks = self._masks([seq for seq, _ in batch], events)
+        batch = [(seq, seg) for seq, seg in batch if not seq.finished]
+        if not batch:
+            return []
+        seqs = [seq for seq, _ in batch]
+        rows = decode_rows(seqs, masks, runner)
+        try:
+            tokens, logprobs = runner.run(rows)
+        except Exception as e:
+            log.warning("a decode step failed on the device (%s: %s): running it op by op",
+                        type(e).__name__, e, exc_info=e)
+            return None
+        picks = []
+        for b, (seq, seg) in enumerate(batch):
+            self._wrote(seq, seg)
+            self.slots.cache.lengths[seq.slot] = seq.pos
+            seq.device = (runner, len(seq.sampled))  # its state there covers every token so far
+            token = int(tokens[b])
+            picks.append((seq, token, seq.logprob_from(logprobs, b, token) if logprobs else None))
+        return picks
+
+    def _wrote(self, seq: Sequence, seg: Segment) -> None:
+        self.slots.wrote(seq.slot, seg.start, seg.ids)
+        seq.pos += seg.ids.size
+        if seg.start < len(seq.prompt):
+            self.prompt_computed += seg.ids.size
+
+    def _masks(self, seqs: list[Sequence], events) -> list:
+        """The grammar masks of the sequences about to sample, in one call; where the grammar
+        library fails, its sequences fail and the rest go on."""
+        try:
+            return masks_for(seqs)
+        except Exception as e:
+            for seq in seqs:
+                if seq.matcher is not None:
+                    self._fail(seq, e, events)
+            return [None] * len(seqs)
 
     def _forward(self, batch, events):
         """(sequence, segment, logits row) for each item whose forward pass succeeded."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from inferno.backends.base import DecodeRows, SlotStart
 from inferno.constrain import apply_mask, fill_masks
 from inferno.errors import InfernoError
 from inferno.model.sampling import SamplingParams, sample
@@ -101,6 +102,8 @@ class Sequence:
         self.arrival = arrival
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
+        # (device runner, tokens its sampling state covers) once it has decoded there
+        self.device: tuple[object, int] | None = None
 
     @property
     def prefilling(self) -> bool:
@@ -117,20 +120,44 @@ class Sequence:
         return np.asarray(self.sampled[-1:], dtype=np.int64)
 
     def accept(self, logits: np.ndarray, mask: np.ndarray | None = None) -> Event | None:
-        """Sample the next token from this step's logits row [vocab]; `mask` [words] is the
-        grammar's allowed tokens for a constrained sequence (constrain.fill_masks)."""
+        """Sample the next token from this step's logits row [vocab] and take it; `mask`
+        [words] is the grammar's allowed tokens for a constrained sequence (constrain.fill_masks)."""
+        return self.take(*self.choose(logits, mask))
+
+    def choose(self, logits: np.ndarray, mask: np.ndarray | None = None) -> tuple[int, TokenLogprob | None]:
+        """The next token from this step's logits row, with its log-probability when asked."""
         opts = self.options
         row = self._adjusted(logits)
         if mask is not None:
             row = apply_mask(row, mask)
         history = self.prompt + self.sampled if opts.sampling.repeat_penalty != 1.0 else None
         token = sample(row, opts.sampling, self.rng, history)
+        return token, token_logprob(logits, token, opts.top_logprobs) if opts.logprobs else None
+
+    def draw(self) -> float:
+        """The uniform number the next token's draw takes from this sequence's generator, as
+        sample() would (none when greedy): for a sampler elsewhere, the device's."""
+        return self.rng.random() if self.options.sampling.temperature > 0 else 0.0
+
+    def logprob_from(self, logprobs, row: int, token: int) -> TokenLogprob | None:
+        """This sequence's TokenLogprob from a device runner's (chosen, values, ids) arrays."""
+        if not self.options.logprobs:
+            return None
+        chosen, values, ids = logprobs
+        top = self.options.top_logprobs
+        alts = [(int(i), float(v)) for i, v in zip(ids[row, :top], values[row, :top])]
+        return TokenLogprob(token, float(chosen[row]), alts)
+
+    def take(self, token: int, logprob: TokenLogprob | None = None) -> Event | None:
+        """Add the next token, sampled here (choose) or on a device from this sequence's
+        settings and draws, and say what there is to say."""
+        opts = self.options
         self.sampled.append(token)
         self._ids.append(token)
         if self.matcher is not None:
             self.matcher.consume(token)
         if opts.logprobs:
-            self._lps.append(token_logprob(logits, token, opts.top_logprobs))
+            self._lps.append(logprob)
         if token in self.eos:
             self.hit_eos = True
             return self._text("", final="stop")
@@ -230,3 +257,30 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
         ids = ids[np.argsort(-x[ids], kind="stable")]
         alts = [(int(i), float(x[i] - lse)) for i in ids]
     return TokenLogprob(int(token), float(x[token] - lse), alts)
+
+
+def decode_rows(seqs: list[Sequence], masks: list, runner) -> DecodeRows:
+    """The host's side of a decode step on a device runner: each sequence's last token, its
+    place, its settings and its draw; the masks of the constrained ones; and a SlotStart for
+    each whose sampling state the runner does not hold yet (new there, or sampled on the host
+    since)."""
+    params = [s.options.sampling for s in seqs]
+    column = lambda f, dtype=np.float64: np.array([f(p) for p in params], dtype=dtype)  # noqa: E731
+    constrained = np.array([m is not None for m in masks])
+    starts = [SlotStart(b, np.asarray(s.prompt + s.sampled[:-1], dtype=np.int64),
+                        np.asarray(s.generated[:-1], dtype=np.int64), s.options.logit_bias)
+              for b, s in enumerate(seqs) if s.device != (runner, len(s.sampled) - 1)]
+    asking = [s.options.top_logprobs for s in seqs if s.options.logprobs]
+    return DecodeRows(
+        ids=np.array([s.sampled[-1] for s in seqs], dtype=np.int64),
+        positions=np.array([s.pos for s in seqs], dtype=np.int64),
+        slots=np.array([s.slot for s in seqs], dtype=np.int64),
+        temperature=column(lambda p: p.temperature), top_k=column(lambda p: p.top_k, np.int64),
+        top_p=column(lambda p: p.top_p), min_p=column(lambda p: p.min_p),
+        repeat=column(lambda p: p.repeat_penalty),
+        presence=np.array([s.options.presence_penalty for s in seqs]),
+        frequency=np.array([s.options.frequency_penalty for s in seqs]),
+        draws=np.array([s.draw() for s in seqs]),
+        masks=np.stack([m if m is not None else np.full_like(next(x for x in masks if x is not None), -1)
+                        for m in masks]) if constrained.any() else None,
+        constrained=constrained, logprobs=max(asking) if asking else -1, starts=starts)

@@ -201,6 +201,56 @@ def test_batch_of_slots_lengths_and_windows(variant, n_heads, n_kv, head_dim, sl
         assert torch.allclose(one[0], out[b], atol=1e-6)
 
 
+@pytest.mark.parametrize("variant", td.VARIANTS)
+def test_more_splits_than_the_merge_holds_at_once(variant):
+    """63 splits of one 16-key block each: the merge walks them in chunks of MERGE_SPLITS."""
+    q, k, v = make_inputs(16, 1, 64, 1000, 1, torch.float32, seed=8)
+    out, plan = run_poisoned(q, k, v, 1000, 16, 1, 64, variant, 63, block_n=16)
+    assert plan.num_splits == 63 > td.MERGE_SPLITS
+    check(out, q, k, v, 1000, 16, 1, 64)
+
+
+DEVICE_CASES = [  # (n_heads, n_kv, head_dim, slots, kv_lens, window)
+    (16, 2, 64, [3, 0, 2], [1, 64, 300], 0),
+    (9, 3, 64, [1, 2, 0, 3], [65, 127, 300, 63], 5),
+    (8, 2, 64, [2, 1], [129, 300], 100),
+]
+
+
+@pytest.mark.parametrize("variant", td.VARIANTS)
+@pytest.mark.parametrize("splits", [None, 4])
+@pytest.mark.parametrize("n_heads,n_kv,head_dim,slots,kv_lens,window", DEVICE_CASES)
+def test_lengths_read_from_device_memory(variant, splits, n_heads, n_kv, head_dim, slots, kv_lens, window):
+    """decode_attention_device: slots and lengths as tensors the host never reads, the grid
+    sized for the cache's capacity (every split a short sequence leaves unused is skipped),
+    each sequence cutting its own keys (asked for 4 splits, the 310-row cache's three blocks of
+    128 keys make 3, and a sequence of up to 128 keys uses one). Same answer as the reference,
+    nothing unread loaded, and the same as the host-planned call up to float rounding."""
+    k, v = slotted_cache(4, 310, n_kv, head_dim, torch.float32, seed=len(slots))
+    q = torch.randn(len(slots), 1, n_heads * head_dim, generator=torch.Generator().manual_seed(2))
+    want = td.reference_attention(q, k, v, kv_lens, n_heads, n_kv, head_dim, slots, window)
+    pk, pv = poisoned(k, v, slots, kv_lens, 1, window)
+    out = torch.full_like(q, float("nan"))
+    got = td.decode_attention_device(q, pk, pv, torch.tensor(slots), torch.tensor(kv_lens), n_heads,
+                                     n_kv, head_dim, variant, window=window, out=out,
+                                     num_splits=splits)
+    assert got is out and not torch.isnan(out).any()
+    assert (out.double() - want).abs().max().item() < 2e-5
+    host = td.decode_attention(q, pk, pv, kv_lens, n_heads, n_kv, head_dim, variant, slots=slots,
+                               window=window)
+    assert torch.allclose(host, out, atol=1e-6)
+
+
+def test_device_call_checks_what_it_can():
+    q, k, v = make_inputs(16, 2, 64, 10, 1, torch.float32, batch=2)
+    with pytest.raises(ValueError, match="tensors"):
+        td.decode_attention_device(q, k, v, [0, 1], torch.tensor([5, 5]), 16, 2, 64)
+    with pytest.raises(ValueError, match="tensors"):
+        td.decode_attention_device(q, k, v, torch.tensor([0]), torch.tensor([5]), 16, 2, 64)
+    with pytest.raises(ValueError, match="multiple"):
+        td.decode_attention_device(q, k, v, torch.tensor([0, 1]), torch.tensor([5, 5]), 16, 3, 64)
+
+
 @pytest.mark.parametrize("q_dtype,cache_dtype", [(torch.float32, torch.float16),
                                                  (torch.float32, torch.bfloat16),
                                                  (torch.bfloat16, torch.float16)])
@@ -259,7 +309,7 @@ def test_bad_arguments():
 
 def test_default_plan():
     # Interpreter: few programs. Short caches never split below MIN_BLOCKS_PER_SPLIT blocks.
-    assert td.plan_splits(1, 1, 8, 64) == td.Plan(1, 64)
+    assert td.plan_splits(1, 1, 8, 64) == td.Plan(1, 64, td.MIN_BLOCKS_PER_SPLIT)
     assert td.plan_splits(1000, 1, 1, 64).num_splits == 4  # 2 'SMs' x 2 programs
     assert td.plan_splits(200, 1, 1, 64).num_splits == 1  # 4 blocks: one split
     assert td.plan_splits(1000, 8, 8, 64).num_splits == 1  # 64 programs already

@@ -24,10 +24,10 @@ REGISTRY = {
     "torch": Entry("inferno.backends.torch.torch_backend", "TorchBackend",
                    "torch: on a CPU-only machine its CPU build first (pip install torch --index-url "
                    "https://download.pytorch.org/whl/cpu; PyPI's default is a multi-GB CUDA build), "
-                   "then pip install -e '.[torch]' in inferno's folder", ("device", "dtype")),
+                   "then pip install -e '.[torch]' in inferno's folder", ("device", "dtype", "graphs")),
     "gpu": Entry("inferno.backends.torch.gpu", "GpuBackend",
                  "torch and triton on CUDA: pip install -e '.[gpu]' in inferno's folder",
-                 ("dtype", "decode", "prefill")),
+                 ("dtype", "decode", "prefill", "graphs")),
 }
 
 

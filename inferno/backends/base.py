@@ -16,6 +16,7 @@ import resource
 import sys
 
 import contextlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,12 +42,48 @@ OPS = (
 CACHE_TYPES = tuple(cache_types.DTYPES)  # ("f32", "f16", "bf16", "q8_0")
 
 
+@dataclass
+class SlotStart:
+    """A sequence whose sampling state a device must (re)build before its row samples there:
+    the first time it decodes on the device, or after steps sampled on the host."""
+
+    row: int
+    seen: np.ndarray  # int64: the prompt and every sampled token but the last (repetition penalty)
+    generated: np.ndarray  # int64: the reply's tokens but the last (presence, frequency)
+    bias: tuple[tuple[int, float], ...]  # (token id, added to its logit)
+
+
+@dataclass
+class DecodeRows:
+    """One decode step of B sequences, as the host hands it to a device runner
+    (Backend.decode_graphs): per row, the token fed and where it goes, and how to sample the
+    next. Arrays are [B]; each sequence's last token (`ids`) counts as generated and seen from
+    this step on."""
+
+    ids: np.ndarray  # int64: each sequence's last sampled token, fed now
+    positions: np.ndarray  # int64: its position in the slot (the slot's length before the step)
+    slots: np.ndarray  # int64: each sequence's KV cache slot
+    temperature: np.ndarray  # the sampling settings, as model.sampling.SamplingParams has them
+    top_k: np.ndarray
+    top_p: np.ndarray
+    min_p: np.ndarray
+    repeat: np.ndarray  # the repetition penalty (1: off)
+    presence: np.ndarray  # OpenAI's penalties (0: off)
+    frequency: np.ndarray
+    draws: np.ndarray  # float64: the uniform number each row's draw uses (its generator's; 0 when greedy)
+    masks: np.ndarray | None = None  # [B, words] int32 grammar masks (constrain.py), None: none
+    constrained: np.ndarray | None = None  # bool: which rows the masks apply to
+    logprobs: int = -1  # alternatives wanted with each row's log-probability; -1: none at all
+    starts: list[SlotStart] = field(default_factory=list)
+
+
 class Backend:
     """Reference implementations of every op, on float32 numpy arrays."""
 
     name = "base"
     device = "cpu"
     default_cache_type = "f32"  # what kv_buffer stores when not told (see CACHE_TYPES)
+    device_step = False  # whether decode_graphs gives a runner: decode steps sampled on the device
 
     # -- tensors at the edges ------------------------------------------------------------------
     def from_numpy(self, a: np.ndarray):
@@ -74,6 +111,23 @@ class Backend:
 
     def zeros(self, rows: int, cols: int):
         return np.zeros((rows, cols), dtype=np.float32)
+
+    def indices(self, values):
+        """Host integers (token ids, positions, cache slots, lengths) as this backend's index
+        tensor [n]. The device-resident decode step (DecoderModel.decode) hands such tensors to
+        embedding, take_rows, write_kv_rows and decode_attention, which read them where they
+        lie: on a GPU backend no host round trip, so the step can be captured and replayed.
+        Here: an int64 array."""
+        return np.asarray(values, dtype=np.int64)
+
+    def decode_graphs(self, step, n_slots: int, capacity: int, vocab: int, max_batch: int):
+        """A runner of the decode step on the device, or None: this backend decodes op by op
+        and the host samples. `step(ids, positions, slots, kv_lens)` is the model's
+        device-resident step (DecoderModel.decode on one cache of n_slots x capacity positions,
+        index tensors in, logits out); the runner adds sampling and, on CUDA, captures both for each batch size up to
+        `max_batch`. Its `run(DecodeRows)` returns the sampled token ids [B] and, when asked,
+        each row's log-probabilities. Here: None."""
+        return None
 
     def kv_buffer(self, slots: int, capacity: int, width: int, cache_type: str | None = None):
         """One layer's K or V cache: `slots` sequences of `capacity` positions x `width`
@@ -206,7 +260,8 @@ class Backend:
         return x[start:stop]
 
     def take_rows(self, x, rows):
-        """x[rows] for an index array: the rows a step wants logits for."""
+        """x[rows] for an index array or index tensor (indices): the rows a step wants logits
+        for, a RoPE table's rows for a step's positions."""
         return x[np.asarray(rows, dtype=np.int64)]
 
     def write_rows(self, dst, src, start: int):
@@ -243,7 +298,8 @@ class Backend:
 
     def write_kv_rows(self, buf, slots, positions, rows) -> None:
         """Row i of rows (float32 [n, width]) into buf[slots[i], positions[i]]: a batched decode
-        step's new K or V, one row per sequence, in one call rather than one per sequence."""
+        step's new K or V, one row per sequence, in one call rather than one per sequence.
+        slots and positions are host integers or index tensors (indices)."""
         for i in range(rows.shape[0]):
             self.write_kv(buf, int(slots[i]), int(positions[i]), rows[i:i + 1])
 
@@ -282,6 +338,8 @@ class Backend:
         slots[b]; its K/V are already written at position kv_lens[b] - 1, so it attends to that
         slot's keys max(0, kv_lens[b] - window) .. kv_lens[b] - 1 (window 0: all of them).
         `scale` multiplies the scores (None: 1/sqrt(head_dim)). The cache is read in place.
+        slots and kv_lens are host integers or index tensors (indices); a backend reads the
+        latter without a host round trip and checks only what it can see without one.
         Returns [B, n_heads * head_dim] float32."""
         check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
         out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)

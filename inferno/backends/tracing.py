@@ -41,6 +41,14 @@ class TracingBackend:
         timed.__name__ = op
         return timed
 
+    device_step = False
+
+    def decode_graphs(self, *args, **kwargs):
+        """None: a traced run decodes op by op, so that every op is timed and counted (a
+        captured step would show as one opaque replay, and the tracer's synchronisation
+        cannot be captured)."""
+        return None
+
     def __getattr__(self, attr):
         # Everything that is not an op (from_numpy, weight, zeros, ...) passes straight through.
         return getattr(self.inner, attr)

@@ -158,6 +158,8 @@ class DecoderModel:
         self.inv_freq = {False: cfg.inv_freq()}  # [hd / 2]
         if any(layer.window for layer in self.layers):
             self.inv_freq[True] = cfg.inv_freq(local=True)
+        self._rope_rows = 0  # positions the decode step's RoPE tables cover (see rope_table)
+        self._rope_table: dict = {}
 
     def new_cache(self, capacity: int, slots: int = 1, cache_type: str | None = None) -> KVCache:
         """A KV cache of `slots` x `capacity` positions, in the model's cache type unless given."""
@@ -233,15 +235,8 @@ class DecoderModel:
         ops.begin_step()
         batch = _Batch(segments, cached=cache is not None)
         rope = {local: ops.rope_tables(batch.positions, inv) for local, inv in self.inv_freq.items()}
-        x = ops.embedding(self.embed_tokens, batch.ids)  # [rows, hidden]
-        if self.embed_scale is not None:
-            x = ops.scale(x, self.embed_scale)
-        for i, layer in enumerate(self.layers):
-            h = ops.rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)
-            x = ops.add(x, self._post_norm(self.attention(layer, i, h, rope[layer.window > 0], batch, cache),
-                                           layer.post_attn_norm))
-            h = ops.rms_norm(x, layer.mlp_norm, cfg.rms_norm_eps)
-            x = ops.add(x, self._post_norm(self.mlp(layer, h), layer.post_mlp_norm))
+        x = self._blocks(self._embed(batch.ids), lambda layer, i, h: self.attention(
+            layer, i, h, rope[layer.window > 0], batch, cache))
         if cache is not None:
             for s in segments:
                 cache.lengths[s.slot] = s.start + s.ids.size
@@ -258,9 +253,59 @@ class DecoderModel:
         x = ops.rms_norm(x, self.norm, cfg.rms_norm_eps)
         return ops.linear(x, self.lm_head)  # [len(rows), vocab]
 
-    def attention(self, layer: Layer, i: int, h, rope, batch: _Batch, cache: KVCache | None):
+    def decode(self, ids, positions, slots, kv_lens, cache: KVCache):
+        """The decode step with no host value in it: one new token for each sequence of a
+        batch, `ids` at `positions` of cache `slots`, whose lengths become `kv_lens` (positions
+        + 1). Every input is an index tensor [B] (ops.indices) that the ops read where it lies,
+        and RoPE takes its rows from tables made beforehand (rope_table), so on a GPU the step
+        is launches only: it can be captured once and replayed (backends/torch/graphs.py). The
+        caller keeps the values valid (positions within the cache, slots its own) and the
+        cache's host lengths; `step` on the same batch gives the same logits [B, vocab]."""
         ops, cfg = self.ops, self.cfg
-        hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        rope = {local: (ops.take_rows(cos, positions), ops.take_rows(sin, positions))
+                for local, (cos, sin) in self.rope_table(cache.capacity).items()}
+
+        def attention(layer, i, h):
+            q, k, v = self._qkv(layer, h, rope[layer.window > 0])
+            ops.write_kv_rows(cache.k[i], slots, positions, k)
+            ops.write_kv_rows(cache.v[i], slots, positions, v)
+            ctx = ops.decode_attention(q, cache.k[i], cache.v[i], slots, kv_lens, cfg.num_attention_heads,
+                                       cfg.num_key_value_heads, cfg.head_dim, window=layer.window,
+                                       scale=cfg.attention_scale)
+            return ops.linear(ctx, layer.o_proj)
+
+        x = self._blocks(self._embed(ids), attention)
+        return ops.linear(ops.rms_norm(x, self.norm, cfg.rms_norm_eps), self.lm_head)  # [B, vocab]
+
+    def rope_table(self, positions: int) -> dict:
+        """cos and sin for positions 0..positions-1 at least, per kind of layer (global, and
+        the windowed layers' base), as backend tensors: the decode step takes a batch's rows
+        from them. Made once on the host, in float64 like every step's, so both agree bit for
+        bit; remade only for a bigger cache."""
+        if positions > self._rope_rows:
+            self._rope_rows = max(positions, min(2 * self._rope_rows, self.cfg.max_position_embeddings))
+            every = np.arange(self._rope_rows)
+            self._rope_table = {local: self.ops.rope_tables(every, inv) for local, inv in self.inv_freq.items()}
+        return self._rope_table
+
+    def _embed(self, ids):
+        x = self.ops.embedding(self.embed_tokens, ids)  # [rows, hidden]
+        return x if self.embed_scale is None else self.ops.scale(x, self.embed_scale)
+
+    def _blocks(self, x, attention):
+        """Every decoder block over x [rows, hidden]; attention(layer, i, h) is the attention
+        line's output for the normed rows h."""
+        ops, eps = self.ops, self.cfg.rms_norm_eps
+        for i, layer in enumerate(self.layers):
+            h = ops.rms_norm(x, layer.attn_norm, eps)
+            x = ops.add(x, self._post_norm(attention(layer, i, h), layer.post_attn_norm))
+            h = ops.rms_norm(x, layer.mlp_norm, eps)
+            x = ops.add(x, self._post_norm(self.mlp(layer, h), layer.post_mlp_norm))
+        return x
+
+    def _qkv(self, layer: Layer, h, rope):
+        """q, k, v of the normed rows h: the projections, biases, q/k norms and RoPE."""
+        ops, cfg = self.ops, self.cfg
         q, k, v = ops.linear_many(h, layer.qkv)  # [rows, nh * hd], [rows, nkv * hd] x 2
         if layer.qkv_bias is not None:
             q, k, v = (ops.add(t, b) for t, b in zip((q, k, v), layer.qkv_bias))
@@ -268,8 +313,12 @@ class DecoderModel:
             q = ops.rms_norm(q, layer.q_norm, cfg.rms_norm_eps)  # per head: len(q_norm) == hd
             k = ops.rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         cos, sin = rope
-        q = ops.apply_rope(q, cos, sin, hd)
-        k = ops.apply_rope(k, cos, sin, hd)
+        return ops.apply_rope(q, cos, sin, cfg.head_dim), ops.apply_rope(k, cos, sin, cfg.head_dim), v
+
+    def attention(self, layer: Layer, i: int, h, rope, batch: _Batch, cache: KVCache | None):
+        ops, cfg = self.ops, self.cfg
+        hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        q, k, v = self._qkv(layer, h, rope)
         attend = ops.flash_attention_prefill if self.flash else ops.materialized_attention
         window, scale = layer.window, cfg.attention_scale  # 0 and None: global, 1/sqrt(hd)
         if cache is None:

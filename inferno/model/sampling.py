@@ -121,9 +121,17 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
            previous: list[int] | None = None) -> int:
     """One token id from `logits` [vocab].
 
+    Every step is defined by values, with ties broken by token id, never by the order a sort
+    happened to leave, so that the device sampler (backends/torch/sampling.py) draws the same
+    token from the same uniform draw: top-k keeps the k largest logits, top-p the likeliest
+    candidates up to the one where their mass reaches top_p, each keeping the lower ids of a
+    tie at its edge (`first_of`); min-p those at least min_p times the likeliest; the draw
+    walks the survivors in token-id order. One draw per token, none when greedy.
+
     The filters run on a shrinking candidate set, not the whole vocabulary: top-k is one
-    partition over the vocabulary, and only the k survivors are sorted for top-p. Sorting all
-    151,936 of Qwen3's logits for every token would cost more than a decode step's attention.
+    partition over the vocabulary, and only candidates that may hold the nucleus are sorted.
+    Sorting all 151,936 of Qwen3's logits for every token would cost more than a decode step's
+    attention.
     """
     logits = np.asarray(logits, dtype=np.float64)
     if params.repeat_penalty != 1.0 and previous:
@@ -136,29 +144,49 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
         return int(np.argmax(logits))
     if params.top_k and params.top_k < logits.size:
         ids = np.argpartition(logits, -params.top_k)[-params.top_k:]  # the k likeliest, unordered
+        kth = logits[ids].min()
+        if np.count_nonzero(logits >= kth) == params.top_k:
+            ids.sort()  # by id
+        else:  # a tie straddles the k-th: which of it stay is decided by id
+            ids = np.flatnonzero(first_of(logits, kth, params.top_k))
     else:
         ids = np.arange(logits.size)
     z = logits[ids] / params.temperature
     probs = np.exp(z - z.max())
     probs /= probs.sum()
+    keep = None  # every candidate, unless top-p or min-p drop some
     if params.top_p < 1.0:
-        # The nucleus is the smallest likeliest-first prefix whose mass reaches top_p (at least
-        # one token). Find a set of likeliest candidates that holds it by partitioning (64, then
-        # 4x more while their mass falls short), and sort only those.
+        # The nucleus ends at the smallest likeliest-first prefix whose mass reaches top_p (at
+        # least one token). Find candidates that hold it by partitioning (64, then 4x more
+        # while their mass falls short), and sort only those.
         m = min(ids.size, 64)
         while True:
             top = np.argpartition(-probs, m - 1)[:m] if m < ids.size else np.arange(ids.size)
             if m == ids.size or probs[top].sum() >= params.top_p:
                 break
             m = min(ids.size, 4 * m)
-        order = top[np.argsort(-probs[top], kind="stable")]
-        cut = int(np.searchsorted(np.cumsum(probs[order]), params.top_p)) + 1
-        ids, probs = ids[order[:cut]], probs[order[:cut]]
-    keep = np.ones(ids.size, dtype=bool)
+        ordered = np.sort(probs[top])[::-1]
+        cut = min(int(np.searchsorted(np.cumsum(ordered), params.top_p)), ordered.size - 1)
+        keep = first_of(probs, ordered[cut], cut + 1)
     if params.min_p > 0.0:
-        keep = probs >= params.min_p * probs.max()
-    # One uniform draw against the cumulative mass (inverse CDF): what rng.choice(p=...) does,
-    # without its per-call validation of the whole distribution.
-    cdf = np.cumsum(np.where(keep, probs, 0.0))
+        above = probs >= params.min_p * probs.max()
+        keep = above if keep is None else keep & above
+    if keep is not None:
+        ids, probs = ids[keep], probs[keep]
+    # One uniform draw against the cumulative mass (inverse CDF), in token-id order.
+    cdf = np.cumsum(probs)
     pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    return int(ids[min(pick, ids.size - 1)])
+    if pick == ids.size:  # the draw rounded up to the total: the last likely candidate
+        pick = int(np.flatnonzero(probs)[-1])
+    return int(ids[pick])
+
+
+def first_of(x: np.ndarray, edge: float, n: int) -> np.ndarray:
+    """Which n of `x` a cut at value `edge` keeps: every value above it, and of those equal to
+    it the lowest indices, up to n in all. # [len(x)] bool"""
+    keep = x >= edge
+    extra = np.count_nonzero(keep) - n
+    if extra > 0:  # a tie straddles the edge: its highest ids go
+        tie = np.flatnonzero(x == edge)
+        keep[tie[tie.size - extra:]] = False
+    return keep

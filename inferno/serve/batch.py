@@ -150,6 +150,7 @@ class BatchEngine:
         self.queue_limit, self.chunk = queue_limit, chunk
         self.metrics = metrics or Metrics()
         self.slots = engine.new_slots(parallel, ctx_size)
+        self.slots.runner()  # a device-decoding backend's step for 1..parallel sequences, captured now
         self.scheduler = Scheduler(engine, self.slots, chunk, on_token=self._time_token)
         self._lock = threading.Lock()
         self._submitted = 0  # sequences; those not yet in a slot are the pending ones

@@ -94,6 +94,22 @@ def test_decode_attention_reads_only_its_keys(backend, kv_lens, window):
     assert_close(decode(backend, q, k_buf, v_buf, slots, kv_lens, 9, 3, 64, window), np.concatenate(want))
 
 
+@pytest.mark.parametrize("window", [0, 5, 100])
+@pytest.mark.parametrize("batch", DECODE_BATCHES, ids=["B3", "B4"])
+def test_decode_attention_with_index_tensors(backend, batch, window):
+    """slots and lengths as the backend's index tensors (ops.indices), which the device-resident
+    decode step passes and which a GPU backend reads without a host round trip: the same rows
+    as with host lists, every unread position NaN as above."""
+    slots, kv_lens = batch
+    h, kv, hd = 9, 3, 64
+    k_buf, v_buf = filled_cache(backend, window + hd, 4, 210, kv * hd)
+    q = np.random.default_rng(window).standard_normal((len(slots), h * hd), dtype=np.float32)
+    want = decode_reference(backend, q, k_buf, v_buf, slots, kv_lens, h, kv, hd, window)
+    poison_unread(backend, (k_buf, v_buf), kv * hd, slots, kv_lens, window)
+    got = decode(backend, q, k_buf, v_buf, backend.indices(slots), backend.indices(kv_lens), h, kv, hd, window)
+    assert_close(got, want)
+
+
 def test_decode_attention_scale(backend):
     k_buf, v_buf = filled_cache(backend, 1, 2, 150, 256)
     q = np.random.default_rng(2).standard_normal((2, 4 * 256), dtype=np.float32)

@@ -21,6 +21,8 @@ IDS = np.array([0, 49, 7, 7, 23])
 def test_float_table_rows(backend):
     table = rand(50, 24, seed=1)
     assert_exact(host(backend, backend.embedding(backend.weight(table), IDS)), table[IDS])
+    # ids as the backend's own index tensor, as the device-resident decode step passes them
+    assert_exact(host(backend, backend.embedding(backend.weight(table), backend.indices(IDS))), table[IDS])
 
 
 @pytest.mark.parametrize("name", list(QTYPES))

@@ -29,6 +29,17 @@ def test_write_kv_rows_scatters_like_write_kv(backend, cache_type):
     assert_exact(np.concatenate(back), rounded(x, cache_type))
 
 
+def test_write_kv_rows_takes_index_tensors(backend):
+    """slots and positions as the backend's index tensors (the device-resident decode step's):
+    the same bytes as with host arrays."""
+    x = rand(3, 64, seed=2)
+    slots, positions = [1, 0, 1], [3, 0, 9]
+    got, want = (backend.kv_buffer(2, 10, 64, backend.default_cache_type) for _ in range(2))
+    backend.write_kv_rows(got, backend.indices(slots), backend.indices(positions), backend.from_numpy(x))
+    backend.write_kv_rows(want, slots, positions, backend.from_numpy(x))
+    assert np.array_equal(stored_bytes(got), stored_bytes(want))
+
+
 @pytest.mark.backends(*NUMBA)
 def test_kernels_refuse_rows_outside_the_buffer(backend):
     buf = backend.kv_buffer(2, 8, 64, "q8_0")

@@ -2,15 +2,16 @@
 
 Decode (`decode_attention`, a batch of sequences in their own cache slots, in one launch) runs
 inferno/backends/torch/triton_decode.py: GQA-packed tiles, the KV sequence (or its sliding window)
-split across programs, and the S/P ping-pong loop by default (`decode="serial"` keeps
-the plain loop, for comparison). Prefill has two candidates, chosen by `prefill`:
-- "materialized": the torch backend's batched materialized scores (cuBLAS matmuls);
-- "sdpa": torch's scaled_dot_product_attention, which on CUDA dispatches to a fused flash or
-  memory-efficient kernel, with a bottom-right causal mask for chunks after a cache.
-The default is meant to be whichever measures faster on the device: bench/gpu_decode.py times
-both on the Qwen3-0.6B shape ("prefill" rows of its table; bench/RESULTS.md says whether that
-has been run). "sdpa" is the default until it has, since a fused kernel never writes the
-[heads, seq, seq] scores to HBM.
+split across programs, the plain KV loop by default (`decode="pingpong"`: FlashAttention-4's
+S/P ping-pong, which measured no faster on an H200; the kernel module says why). With index
+tensors for slots and lengths (the device-resident decode step, captured in CUDA graphs: the
+torch backend's `graphs` option) the kernel reads them from device memory on a fixed grid.
+Prefill has two candidates, chosen by `prefill`:
+- "sdpa" (the default): torch's scaled_dot_product_attention, which on CUDA dispatches to a
+  fused flash or memory-efficient kernel, with a bottom-right causal mask for chunks after a
+  cache; in bf16 far faster than materialized scores on an H200 (bench/RESULTS.md);
+- "materialized": the torch backend's batched materialized scores (cuBLAS matmuls), a little
+  faster than SDPA in float32 there.
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ from inferno.backends.torch.torch_backend import TorchBackend, band_mask, materi
 from inferno.errors import InfernoError
 
 PREFILL_PATHS = ("sdpa", "materialized")
-DECODE_VARIANTS = ("pingpong", "serial")
+DECODE_VARIANTS = ("serial", "pingpong")
 
 
 class GpuBackend(TorchBackend):
     name = "gpu"
 
     def __init__(self, dtype: str | None = None, decode: str | None = None,
-                 prefill: str | None = None, *, device: str = "cuda"):
+                 prefill: str | None = None, graphs: str | None = None, *, device: str = "cuda"):
         """`device` is for tests only: a CPU device runs the Triton kernel under its interpreter
         (TRITON_INTERPRET=1); the registry never passes it."""
-        decode = decode or "pingpong"
+        decode = decode or "serial"
         prefill = prefill or "sdpa"
         if decode not in DECODE_VARIANTS:
             raise InfernoError(f"decode variant {decode!r} is not one of: {', '.join(DECODE_VARIANTS)}")
@@ -49,7 +50,7 @@ class GpuBackend(TorchBackend):
         if device == "cpu" and not triton_decode.INTERPRET:
             raise InfernoError("the gpu backend on the cpu device runs its kernel under Triton's "
                                "interpreter: set TRITON_INTERPRET=1 before importing inferno")
-        super().__init__(device=device, dtype=dtype)
+        super().__init__(device=device, dtype=dtype, graphs=graphs)
         self._kernel = triton_decode
         self._meta = (None, None)  # (slots and lengths, their device tensor) of the last step
         self.decode_variant, self.prefill_path = decode, prefill
@@ -64,6 +65,10 @@ class GpuBackend(TorchBackend):
                          head_dim: int, window: int = 0, scale: float | None = None):
         """The whole batch in one launch of the Triton kernel (one program per sequence, KV head
         and split), each sequence reading its own slot and length."""
+        if isinstance(kv_lens, torch.Tensor):  # index tensors: the device-resident step
+            return self._kernel.decode_attention_device(
+                q[:, None, :], k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim,
+                self.decode_variant, window=window, scale=scale)[:, 0, :]
         check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
         slots, kv_lens = [int(s) for s in slots], [int(n) for n in kv_lens]
         key = (tuple(slots), tuple(kv_lens))

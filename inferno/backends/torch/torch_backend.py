@@ -26,6 +26,7 @@ from inferno.errors import InfernoError
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 CACHE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+GRAPHS = ("on", "eager", "off")
 # Most bytes of float32 scores one materialized-attention step may hold; a longer prompt is
 # processed in chunks of query rows (each chunk still materializes whole score rows).
 SCORE_BYTES = 1 << 30
@@ -72,12 +73,28 @@ def pick_dtype(dtype: str | None) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def pick_graphs(graphs: str | None, device: torch.device) -> str:
+    """How decode steps run: "on", the device-resident step captured in CUDA graphs (the
+    default on CUDA); "eager", the same step launched op by op (for comparison, and the CPU's
+    tests of it); "off", the op-by-op step with host sampling (the default elsewhere)."""
+    if graphs is None:
+        return "on" if device.type == "cuda" else "off"
+    if graphs not in GRAPHS:
+        raise InfernoError(f"graphs {graphs!r} is not one of: {', '.join(GRAPHS)}", params=("graphs",))
+    if graphs == "on" and device.type != "cuda":
+        raise InfernoError(f"CUDA graphs need a CUDA device, not {device.type}: use graphs "
+                           f"'eager' or 'off'", params=("graphs",))
+    return graphs
+
+
 class TorchBackend(Backend):
     name = "torch"
 
-    def __init__(self, device: str | None = None, dtype: str | None = None):
+    def __init__(self, device: str | None = None, dtype: str | None = None, graphs: str | None = None):
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype)
+        self.graphs = pick_graphs(graphs, self.device)
+        self.device_step = self.graphs != "off"
 
     # -- tensors at the edges ------------------------------------------------------------------
     def from_numpy(self, a):
@@ -129,6 +146,12 @@ class TorchBackend(Backend):
                                f"{', '.join(CACHE_DTYPES)}", params=("cache_type",))
         return torch.zeros(slots, capacity, width, dtype=CACHE_DTYPES[cache_type], device=self.device)
 
+    def decode_graphs(self, step, n_slots: int, capacity: int, vocab: int, max_batch: int):
+        if self.graphs == "off":
+            return None
+        from inferno.backends.torch.graphs import DecodeGraphs
+        return DecodeGraphs(self, step, n_slots, capacity, vocab, max_batch, capture=self.graphs == "on")
+
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -149,9 +172,15 @@ class TorchBackend(Backend):
             torch.mps.empty_cache()
 
     # -- dense ops ------------------------------------------------------------------------------
+    def indices(self, values):
+        return torch.from_numpy(np.asarray(values, dtype=np.int64)).to(self.device)
+
+    def _index(self, x):
+        """Host integers or an index tensor (left where it is: no host round trip)."""
+        return x if isinstance(x, torch.Tensor) else self.indices(x)
+
     def embedding(self, table, ids: np.ndarray):
-        idx = torch.from_numpy(np.asarray(ids, dtype=np.int64)).to(self.device)
-        return table[idx]  # [len(ids), hidden]
+        return table.index_select(0, self._index(ids))  # [len(ids), hidden]
 
     def linear(self, x, w):
         return F.linear(x, w)
@@ -244,7 +273,7 @@ class TorchBackend(Backend):
         return x[start:stop]  # a view
 
     def take_rows(self, x, rows):
-        return x[torch.as_tensor(np.asarray(rows, dtype=np.int64), device=x.device)]
+        return x.index_select(0, self._index(rows))
 
     def write_rows(self, dst, src, start: int):
         dst[start:start + src.shape[0]].copy_(src)
@@ -254,9 +283,7 @@ class TorchBackend(Backend):
         buf[slot, start:start + rows.shape[0]].copy_(rows)  # converts to the cache's dtype
 
     def write_kv_rows(self, buf, slots, positions, rows) -> None:
-        index = (torch.as_tensor(np.asarray(slots), device=buf.device),
-                 torch.as_tensor(np.asarray(positions), device=buf.device))
-        buf.index_put_(index, rows.to(buf.dtype))
+        buf.index_put_((self._index(slots), self._index(positions)), rows.to(buf.dtype))
 
     def read_kv(self, buf, slot: int, start: int, stop: int):
         return buf[slot, start:stop].to(self.dtype)  # a view when the cache has the activations' dtype
@@ -273,7 +300,12 @@ class TorchBackend(Backend):
 
     def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
                          head_dim: int, window: int = 0, scale: float | None = None):
-        """One sequence at a time, each over its own slot's window of keys, read in place."""
+        """One sequence at a time, each over its own slot's window of keys, read in place; with
+        index tensors, the whole batch at once over its slots' every position, masked
+        (masked_decode: no host round trip)."""
+        if isinstance(kv_lens, torch.Tensor):
+            return masked_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim,
+                                 window, scale)
         check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
         out = torch.empty(q.shape[0], n_heads * head_dim, dtype=q.dtype, device=q.device)
         for b, (slot, kv_len) in enumerate(zip(slots, kv_lens)):
@@ -284,6 +316,29 @@ class TorchBackend(Backend):
                                             True, scale=scale)
         return out
 
+
+
+def masked_decode(q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int, head_dim: int,
+                  window: int = 0, scale: float | None = None):
+    """Decode attention for a batch whose slots and lengths are index tensors, without reading
+    them on the host: each sequence's slot is gathered whole (every position of the cache's
+    capacity) and the positions past its length, or older than its window, are masked. Work
+    and bytes grow with the capacity, not the lengths: the torch backend's way of keeping the
+    step free of host values (the gpu backend's kernel reads only the keys each length needs)."""
+    batch, capacity = q.shape[0], k_buf.shape[1]
+    group = n_heads // n_kv_heads
+    keys = torch.arange(capacity, device=q.device)
+    hidden = keys[None, :] >= kv_lens[:, None]  # [B, capacity]: past the length
+    if window:
+        hidden |= keys[None, :] < (kv_lens - window)[:, None]  # older than the window
+    k = k_buf.index_select(0, slots).to(q.dtype).reshape(batch, capacity, n_kv_heads, head_dim)
+    v = v_buf.index_select(0, slots).to(q.dtype).masked_fill(hidden[:, :, None], 0)  # no NaN * 0
+    qh = q.reshape(batch, n_kv_heads, group, head_dim)  # [B, n_kv, group, hd]
+    scores = torch.matmul(qh, k.permute(0, 2, 3, 1)).float() * score_scale(head_dim, scale)
+    scores = scores.masked_fill(hidden[:, None, None, :], -math.inf)  # [B, n_kv, group, capacity]
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    ctx = torch.matmul(probs, v.reshape(batch, capacity, n_kv_heads, head_dim).transpose(1, 2))
+    return ctx.reshape(batch, n_heads * head_dim)  # [B, n_kv, group, hd] -> [B, nh * hd]
 
 
 def materialized_gqa(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, causal: bool,

@@ -12,7 +12,7 @@ bandwidth. Three things get the bytes moving:
    the sequence is cut into `num_splits` contiguous ranges, one program each; every program
    leaves an unnormalised partial output with its running max m and sum l, and a second, small
    kernel merges them: o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M = max_s m_s.
-3. The S/P ping-pong (`variant="pingpong"`), from FlashAttention-4's decode path
+3. The S/P ping-pong (`variant="pingpong"`, not the default: see below), from FlashAttention-4's decode path
    (Colfax, "S/P ping-pong for FlashAttention-4 decode"). In the `serial` loop, block i runs
    QK^T, then softmax, then PV, and QK^T of block i+1 waits for all of it, although it depends on
    nothing but K(i+1). With one (padded) query tile there is no second tile to fill that gap, so
@@ -20,31 +20,28 @@ bandwidth. Three things get the bytes moving:
    S(i+1), alternating like FA4's two TMEM slots: QK^T for block i+1 is issued before the
    softmax of block i, and the loads go K0, K1, V0, K2, V1, ..., K one block ahead of V.
 
-What Triton's compiler does with it. Source order is only a request: Triton and ptxas schedule
-the instructions. What the ping-pong changes is the dependency graph: inside one iteration the
-next block's QK^T and this block's max/exp2/sum are independent, and the dot's result is
-loop-carried (it becomes the next iteration's `s_cur`). In the serial loop the softmax needs the
-dot issued just before it, and the next dot sits behind the loop's back-edge, across which
-ptxas does not move instructions. Expected on Hopper (the benchmark prints what was compiled):
-- 16-row tiles lower to `mma.sync` (Triton's wgmma path wants 64 rows per warpgroup); in the
-  ping-pong's loop body the HMMAs of S(i+1) and the MUFU.EX2 of softmax(i) can interleave. Look
-  for that in the SASS (`cuobjdump --dump-sass`), and for a shorter time per block.
-- `block_h=64` lowers to asynchronous `wgmma`, and Triton's wgmma pipelining can keep the
-  loop-carried QK^T in flight across the iteration boundary: `wgmma.wait_group` with a pending
-  count of 1 in the PTX instead of 0. That is the closest Triton gets to FA4's MMA warp issuing
-  QK(i+1) while the softmax warps work on S(i).
-The loads are Triton's to pipeline (`num_stages`) in both variants; the K-before-V order is what
-the source asks for, not a guarantee.
+What it measured (bench/RESULTS.md, an H200, torch 2.11, Triton 3.6, graph-timed): the
+ping-pong ran at 0.97-1.03x the serial loop on every shape of the sweep, so `serial`, with fewer
+registers (104 against 123 at head dim 128), is the default and the ping-pong is kept, tested, for
+comparison. Why: source order is only a request, and Triton and ptxas schedule the instructions.
+16-row tiles lower to synchronous `mma.sync`, and 64-row tiles to `wgmma` whose
+`wgmma.wait_group` still waits for 0 pending groups, so the next block's QK^T never overlaps the
+softmax. FlashAttention-4's gain (up to 16%) comes from Blackwell's tensor memory and an MMA warp
+of its own, a schedule Triton on Hopper does not express; a warp-specialised version (Gluon's
+warp_specialize) is worth writing only if it beats torch's SDPA.
 
-The entry point `decode_attention` takes torch tensors in the layout the engine's KV cache keeps:
+The entry points take torch tensors in the layout the engine's KV cache keeps:
 `[slots, capacity, n_kv_heads * head_dim]` per layer (or one slot, `[capacity, width]`). Each
 sequence of a batch reads its own slot and its own length, and with a sliding window only its
 last `window` keys: the programs' key ranges start at the window, and the splits are sized for
 the longest window's worth of keys, not the longest cache. K and V may be stored narrower than
 the queries (an f16 cache under float32 activations): they are widened as they are loaded.
-CUDA tensors run compiled; CPU tensors run under Triton's interpreter, which must be switched
-on (TRITON_INTERPRET=1) before this module is imported, because `@triton.jit` reads it when the
-kernels are defined.
+`decode_attention` takes the slots and lengths from the host (and checks them);
+`decode_attention_device` takes them as device tensors it never reads, for a step captured in
+a CUDA graph: the grid is then sized for the cache's capacity and each sequence uses the splits
+its own length needs. CUDA tensors run compiled; CPU tensors run under Triton's interpreter,
+which must be switched on (TRITON_INTERPRET=1) before this module is imported, because
+`@triton.jit` reads it when the kernels are defined.
 """
 
 from __future__ import annotations
@@ -62,6 +59,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # how the kernels be
 VARIANTS = ("serial", "pingpong")
 LOG2E = 1.4426950408889634  # scores are kept in log2 units so the softmax uses exp2
 MIN_BLOCKS_PER_SPLIT = 4  # a split shorter than this spends its time in prologue and merge
+PROGRAMS_PER_SM = 2  # the default grid: about this many split programs per multiprocessor
+MERGE_SPLITS = 32  # splits the merge kernel holds at once
 MAX_ROWS = 128  # query rows (heads per KV head x new tokens) in one tile
 
 
@@ -107,13 +106,26 @@ def _softmax_pv(s, v, m, l, acc, DOT_PRECISION: tl.constexpr):
     return m_new, l, acc
 
 
+@triton.jit
+def _split_range(kv_len, window, num_splits, min_blocks, N_NEW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """How one sequence's keys are cut: its first visible key (the window's start, or 0), the
+    keys each of its splits takes (whole blocks), and how many splits it uses. Computed in the
+    kernel from the sequence's own length, so the grid is fixed (`num_splits` programs per KV
+    head, sized for the longest sequence the call may see) and a short sequence uses only its
+    first splits: the others find an empty range and are skipped by the merge."""
+    first = tl.where(window > 0, tl.maximum(kv_len - N_NEW + 1 - window, 0), 0)
+    n_blocks = tl.cdiv(kv_len - first, BLOCK_N)
+    count = tl.minimum(num_splits, tl.maximum(n_blocks // min_blocks, 1))
+    return first, tl.cdiv(n_blocks, count) * BLOCK_N, count
+
+
 # -- kernel 1: one split of one sequence's keys for one KV head -----------------------------
-# The split size and window change from call to call; specialising on them (Triton's default
-# for integers: == 1, divisible by 16) would recompile as the cache grows.
-@triton.jit(do_not_specialize=["split_size", "window", "num_splits"])
+# The lengths, window and split counts change from call to call; specialising on them (Triton's
+# default for integers: == 1, divisible by 16) would recompile as the cache grows.
+@triton.jit(do_not_specialize=["window", "num_splits", "min_blocks"])
 def _decode_split_kernel(
     Q, K, V, Slots, KvLens, PartO, PartM, PartL,
-    split_size, window, n_kv, n_heads, num_splits, qk_scale,
+    window, n_kv, n_heads, num_splits, min_blocks, qk_scale,
     stride_qb, stride_qt, stride_kb, stride_kt, stride_vb, stride_vt,
     GROUP: tl.constexpr, N_NEW: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -123,7 +135,7 @@ def _decode_split_kernel(
     split = tl.program_id(1)
     b = (pid // n_kv).to(tl.int64)
     kvh = pid % n_kv
-    kv_len = tl.load(KvLens + b)  # this sequence's length
+    kv_len = tl.load(KvLens + b)  # this sequence's length, from device memory
     slot = tl.load(Slots + b).to(tl.int64)  # and its cache slot
 
     # Tile row r holds new token t = r // GROUP, query head kvh * GROUP + r % GROUP.
@@ -141,11 +153,11 @@ def _decode_split_kernel(
     # keys key_lo .. key_end - 1, the last `window` of them when there is a window.
     key_end = kv_len - N_NEW + 1 + t  # [BLOCK_H], exclusive
     key_lo = tl.where(window > 0, tl.maximum(key_end - window, 0), 0)  # [BLOCK_H]
-    first = tl.where(window > 0, tl.maximum(kv_len - N_NEW + 1 - window, 0), 0)  # token 0's
+    first, split_size, count = _split_range(kv_len, window, num_splits, min_blocks, N_NEW, BLOCK_N)
 
     lo = first + split * split_size
-    # A shorter sequence of the batch may have fewer keys than this split's start: hi = lo,
-    # nothing is loaded and the split leaves m = -inf, l = 0.
+    # A split past this sequence's count starts at or past kv_len: hi = lo, nothing is loaded
+    # and nothing stored.
     hi = tl.maximum(tl.minimum(lo + split_size, kv_len), lo)
     k_base = K + slot * stride_kb + kvh * HEAD_DIM
     v_base = V + slot * stride_vb + kvh * HEAD_DIM
@@ -180,42 +192,58 @@ def _decode_split_kernel(
 
     # Partials are [batch, N_NEW, n_heads, num_splits] (m, l) and [..., HEAD_DIM] (acc).
     part = ((b * N_NEW + t) * n_heads + head) * num_splits + split  # [BLOCK_H]
-    tl.store(PartM + part, m, mask=row_ok)
-    tl.store(PartL + part, l, mask=row_ok)
-    tl.store(PartO + part[:, None] * HEAD_DIM + d[None, :], acc,
-             mask=row_ok[:, None] & d_ok[None, :])
+    keep = r < tl.where(split < count, N_NEW * GROUP, 0)  # row_ok, for the splits in use
+    tl.store(PartM + part, m, mask=keep)
+    tl.store(PartL + part, l, mask=keep)
+    tl.store(PartO + part[:, None] * HEAD_DIM + d[None, :], acc, mask=keep[:, None] & d_ok[None, :])
 
 
 # -- kernel 2: merge the splits of one (sequence, new token, query head) row -----------------
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["window", "num_splits", "min_blocks"])
 def _decode_merge_kernel(
-    PartO, PartM, PartL, Out, n_heads, num_splits, stride_ob, stride_ot,
-    N_NEW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    PartO, PartM, PartL, Out, KvLens, window, n_heads, num_splits, min_blocks,
+    stride_ob, stride_ot,
+    N_NEW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)  # (b * N_NEW + t) * n_heads + head
-    s = tl.arange(0, BLOCK_S)
-    s_ok = s < num_splits
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    m = tl.load(PartM + row * num_splits + s, mask=s_ok, other=float("-inf"))  # [BLOCK_S]
-    l = tl.load(PartL + row * num_splits + s, mask=s_ok, other=0.0)
-    acc = tl.load(PartO + (row * num_splits + s)[:, None] * HEAD_DIM + d[None, :],
-                  mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
-    # Every row sees at least its own key, so some split's m is finite; a split a row cannot
-    # see (past a shorter sequence's end, or before the row's window) has m = -inf, weight 0.
-    w = tl.exp2(m - tl.max(m, 0))
-    o = tl.sum(w[:, None] * acc, 0) / tl.sum(w * l, 0)  # [BLOCK_D]
     head = row % n_heads
     t = (row // n_heads) % N_NEW
     b = row // (n_heads * N_NEW)
+    _, _, count = _split_range(tl.load(KvLens + b), window, num_splits, min_blocks, N_NEW, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    # The splits BLOCK_S at a time, with the running max, sum and output of an online softmax:
+    # o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s. (Loading all splits at once held
+    # [splits, head_dim] floats in a few registers per thread: 256 splits spilled.)
+    m_run = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
+    l_run = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, count, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        s_ok = s < count
+        m = tl.load(PartM + row * num_splits + s, mask=s_ok, other=float("-inf"))  # [BLOCK_S]
+        l = tl.load(PartL + row * num_splits + s, mask=s_ok, other=0.0)
+        part = tl.load(PartO + (row * num_splits + s)[:, None] * HEAD_DIM + d[None, :],
+                       mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+        # A split a row cannot see (before its window) has m = -inf and weight 0; every row
+        # sees its own key, so the final max is finite, but a first chunk may have none.
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_run - m_sub)
+        w = tl.exp2(m - m_sub)  # [BLOCK_S]
+        l_run = l_run * alpha + tl.sum(w * l, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * part, 0)
+        m_run = m_new
     tl.store(Out + b * stride_ob + t * stride_ot + head * HEAD_DIM + d,
-             o.to(Out.dtype.element_ty), mask=d_ok)
+             (acc / l_run).to(Out.dtype.element_ty), mask=d_ok)
 
 
 # -- the Python side ---------------------------------------------------------------------------
 class Plan(NamedTuple):
-    num_splits: int  # programs per KV head; every one holds at least one key
-    split_size: int  # keys per split, a multiple of block_n
+    num_splits: int  # programs per KV head: the longest sequence's splits, none of them empty
+    split_size: int  # keys per split of the longest sequence, a multiple of block_n
+    min_blocks: int  # no sequence cuts its keys into splits of fewer blocks (the kernel's rule)
 
 
 def default_block_n(head_dim: int) -> int:
@@ -225,27 +253,29 @@ def default_block_n(head_dim: int) -> int:
 
 def plan_splits(kv_len: int, batch: int, n_kv_heads: int, block_n: int,
                 num_splits: int | None = None, device: torch.device | str = "cpu") -> Plan:
-    """How the KV sequence is cut: `kv_len` is the most keys one sequence of the batch attends
-    (its window, when that is shorter than its cache). Given `num_splits` is clamped to one
-    split per KV block.
-    By default: about two programs per streaming multiprocessor over all (sequence, KV head)
-    pairs, but no split shorter than MIN_BLOCKS_PER_SPLIT blocks. Splits are whole blocks, and
-    the count is recomputed from the rounded size so that none is empty."""
+    """How the longest sequence's keys are cut: `kv_len` is the most keys one sequence of the
+    batch attends (its window, when that is shorter than its cache; in a captured step, the
+    cache's capacity). Every sequence then cuts its own keys by the same rule in the kernel
+    (_split_range): up to num_splits splits of whole blocks, none shorter than min_blocks.
+    By default: about PROGRAMS_PER_SM programs per streaming multiprocessor over all
+    (sequence, KV head) pairs, and no split shorter than MIN_BLOCKS_PER_SPLIT blocks. A given
+    `num_splits` is taken as is, down to one split per block."""
     n_blocks = triton.cdiv(kv_len, block_n)
+    min_blocks = 1
     if num_splits is None:
-        want = triton.cdiv(2 * _sm_count(torch.device(device)), batch * n_kv_heads)
-        num_splits = min(want, max(1, n_blocks // MIN_BLOCKS_PER_SPLIT))
+        num_splits = triton.cdiv(PROGRAMS_PER_SM * _sm_count(torch.device(device)), batch * n_kv_heads)
+        min_blocks = MIN_BLOCKS_PER_SPLIT
     if num_splits < 1:
         raise ValueError(f"num_splits must be at least 1, got {num_splits}")
-    blocks_per_split = triton.cdiv(n_blocks, min(num_splits, n_blocks))
-    split_size = blocks_per_split * block_n
-    return Plan(triton.cdiv(kv_len, split_size), split_size)
+    count = min(num_splits, max(1, n_blocks // min_blocks))
+    count = triton.cdiv(n_blocks, triton.cdiv(n_blocks, count))  # none empty
+    return Plan(count, triton.cdiv(n_blocks, count) * block_n, min_blocks)
 
 
 def alloc_partials(batch: int, n_new: int, n_heads: int, num_splits: int, head_dim: int,
                    device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Float32 scratch for the split kernel: acc [batch, n_new, n_heads, splits, head_dim], and
-    m, l [batch, n_new, n_heads, splits]. Uninitialised: every element is written each call."""
+    m, l [batch, n_new, n_heads, splits]. Uninitialised: each call writes what it reads."""
     shape = (batch, n_new, n_heads, num_splits)
     return (torch.empty(shape + (head_dim,), dtype=torch.float32, device=device),
             torch.empty(shape, dtype=torch.float32, device=device),
@@ -253,7 +283,7 @@ def alloc_partials(batch: int, n_new: int, n_heads: int, num_splits: int, head_d
 
 
 def decode_attention(q, k_cache, v_cache, kv_len, n_heads: int, n_kv_heads: int,
-                     head_dim: int, variant: str = "pingpong", num_splits: int | None = None,
+                     head_dim: int, variant: str = "serial", num_splits: int | None = None,
                      block_n: int | None = None, *, slots=None, window: int = 0,
                      scale: float | None = None, block_h: int | None = None, out=None,
                      partials=None, num_warps: int = 4, num_stages: int = 2, meta=None):
@@ -278,26 +308,58 @@ def decode_attention(q, k_cache, v_cache, kv_len, n_heads: int, n_kv_heads: int,
     return out
 
 
+def decode_attention_device(q, k_cache, v_cache, slots, kv_lens, n_heads: int, n_kv_heads: int,
+                            head_dim: int, variant: str = "serial", *, window: int = 0,
+                            scale: float | None = None, out=None, partials=None,
+                            num_splits: int | None = None):
+    """decode_attention with every per-sequence value in device memory: `slots` and `kv_lens`
+    are int tensors [batch] on q's device, read by the kernels, never by the host. So the call
+    makes no host round trip and can be captured in a CUDA graph and replayed as the lengths
+    grow: the grid is sized for the longest sequence the cache can hold (its capacity, or the
+    window), and each sequence uses the splits its own length needs (_split_range). q is
+    [batch, n_new, n_heads * head_dim]. The values are the caller's to keep valid (n_new <=
+    kv_len <= capacity, slots within the cache): nothing here can check them without reading
+    them back. `num_splits`, as decode_attention's, fixes the grid (tests)."""
+    q3 = q if q.dim() == 3 else q.unsqueeze(0)
+    batch, n_new, _ = q3.shape
+    if not all(isinstance(x, torch.Tensor) and x.shape == (batch,) and x.device == q.device
+               for x in (slots, kv_lens)):
+        raise ValueError(f"slots and kv_lens must be [{batch}] tensors on {q.device}")
+    capacity = k_cache.shape[-2]
+    span = min(capacity, window + n_new - 1) if window else capacity
+    return _launch(q3, k_cache, v_cache, span, n_heads, n_kv_heads, head_dim, variant,
+                   num_splits, out=out, partials=partials, window=window, scale=scale,
+                   meta=(slots, kv_lens))[0]
+
+
 def slot_meta(slots, kv_lens, device) -> torch.Tensor:
     """The kernel's per-sequence slots and lengths, int32 [2, batch] on `device`: a small
     host-to-device copy, which a caller that decodes many layers of one step can make once."""
     return torch.tensor([[int(s) for s in slots], [int(n) for n in kv_lens]], dtype=torch.int32).to(device)
 
 
-def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant="pingpong",
+def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant="serial",
             num_splits=None, block_n=None, block_h=None, out=None, partials=None,
             num_warps=4, num_stages=2, slots=None, window=0, scale=None, meta=None):
     """decode_attention's body; also returns the two kernels' launch handles (compiled kernels
-    on CUDA, whose .asm holds the PTX and TTGIR; None under the interpreter). `meta` is
-    slot_meta(slots, kv_len) already on the device, to skip the copy."""
+    on CUDA, whose .asm holds the PTX and TTGIR; None under the interpreter). `meta` holds
+    the slots and lengths already on the device, to skip the copy: slot_meta's [2, batch], or
+    (slots, kv_lens) tensors, with `kv_len` then the longest span a sequence may attend (the
+    device path: the values are not read here, so not checked)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; variants: {', '.join(VARIANTS)}")
     squeeze = q.dim() == 2
     q3, k3, v3 = (x.unsqueeze(0) if x.dim() == 2 else x for x in (q, k_cache, v_cache))
     batch, n_new, q_width = q3.shape
-    kv_lens = [int(n) for n in kv_len] if hasattr(kv_len, "__len__") else [int(kv_len)] * batch
-    slots = list(range(batch)) if slots is None else [int(s) for s in slots]
-    _check(q3, k3, v3, kv_lens, slots, window, n_heads, n_kv_heads, head_dim)
+    on_device = isinstance(meta, tuple)
+    if on_device:
+        span = int(kv_len)
+        _check(q3, k3, v3, None, None, window, n_heads, n_kv_heads, head_dim)
+    else:
+        kv_lens = [int(n) for n in kv_len] if hasattr(kv_len, "__len__") else [int(kv_len)] * batch
+        slots = list(range(batch)) if slots is None else [int(s) for s in slots]
+        _check(q3, k3, v3, kv_lens, slots, window, n_heads, n_kv_heads, head_dim)
+        span = max(min(n, window + n_new - 1) if window else n for n in kv_lens)  # keys to read
     group = n_heads // n_kv_heads
     rows = group * n_new
     if rows > MAX_ROWS:
@@ -307,7 +369,6 @@ def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant=
     if block_h < rows or block_h & (block_h - 1):
         raise ValueError(f"block_h must be a power of two of at least {rows}, got {block_h}")
     block_n = block_n or default_block_n(head_dim)
-    span = max(min(n, window + n_new - 1) if window else n for n in kv_lens)  # keys to read
     plan = plan_splits(span, batch, n_kv_heads, block_n, num_splits, q.device)
     if partials is None:
         partials = alloc_partials(batch, n_new, n_heads, plan.num_splits, head_dim, q.device)
@@ -322,22 +383,24 @@ def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant=
         raise ValueError(f"out must be shaped like q {tuple(q.shape)}, got {tuple(out.shape)}")
     if meta is None:
         meta = slot_meta(slots, kv_lens, q.device)
+    slots_t, lens_t = meta
 
     block_d = max(16, triton.next_power_of_2(head_dim))
     upcast = k3.dtype != q.dtype
     precision = "ieee" if q.dtype == torch.float32 or upcast else "tf32"  # tf32: moot at 16 bits
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     split = _decode_split_kernel[(batch * n_kv_heads, plan.num_splits)](
-        q3, k3, v3, meta[0], meta[1], part_o, part_m, part_l,
-        plan.split_size, int(window), n_kv_heads, n_heads, plan.num_splits, LOG2E * scale,
+        q3, k3, v3, slots_t, lens_t, part_o, part_m, part_l,
+        int(window), n_kv_heads, n_heads, plan.num_splits, plan.min_blocks, LOG2E * scale,
         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1),
         GROUP=group, N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_N=block_n,
         BLOCK_D=block_d, PINGPONG=variant == "pingpong", DOT_PRECISION=precision, UPCAST=upcast,
         num_warps=num_warps, num_stages=num_stages)
     merge = _decode_merge_kernel[(batch * n_new * n_heads,)](
-        part_o, part_m, part_l, o3, n_heads, plan.num_splits, o3.stride(0), o3.stride(1),
-        N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(plan.num_splits),
-        BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2)
+        part_o, part_m, part_l, o3, lens_t, int(window), n_heads, plan.num_splits, plan.min_blocks,
+        o3.stride(0), o3.stride(1), N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_N=block_n,
+        BLOCK_S=min(MERGE_SPLITS, triton.next_power_of_2(plan.num_splits)), BLOCK_D=block_d,
+        num_warps=2 if block_d <= 64 else 4)
     o = o3.squeeze(0) if squeeze and out is None else (out if out is not None else o3)
     return o, (split, merge)
 
@@ -358,10 +421,10 @@ def _check(q, k, v, kv_lens, slots, window, n_heads, n_kv_heads, head_dim):
                              f"cache's dtype")
         if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ValueError(f"{name} must be float32, float16 or bfloat16, not {x.dtype}")
-    if not len(kv_lens) == len(slots) == batch:
+    if kv_lens is not None and not len(kv_lens) == len(slots) == batch:
         raise ValueError(f"{batch} sequences need as many kv_lens and slots, got "
                          f"{len(kv_lens)} and {len(slots)}")
-    for kv_len, slot in zip(kv_lens, slots):
+    for kv_len, slot in zip(kv_lens or (), slots or ()):
         if not n_new <= kv_len <= min(k.shape[1], v.shape[1]):
             raise ValueError(f"kv_len {kv_len} must cover the {n_new} new tokens and fit the "
                              f"cache ({min(k.shape[1], v.shape[1])} rows)")
