@@ -121,6 +121,15 @@ class EngineRunner:
         return time.perf_counter() - t0
 
     def decode(self, first: int, n: int, context: list[int] = ()) -> float:
+        engine = self.engine
+        if engine.decodes_on_device:
+            # Through the generation loop, so each step is the captured one a reply takes;
+            # EOS is banned so that every step runs. Its decode_s is the n steps after the
+            # token the prefill samples.
+            ban = {int(e): -1e30 for e in engine.eos}
+            r = engine.generate(None, prompt_ids=list(context) + [first], max_tokens=n + 1, temperature=0,
+                                logit_bias=ban)
+            return r.decode_s
         cache = self.engine.model.new_cache(len(context) + n)
         if context:  # the depth to decode at, prefilled untimed
             self._step(context, cache)

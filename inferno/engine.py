@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -120,14 +121,21 @@ class Engine:
         self.parameters, self.active_parameters = self.model.parameters()
         # A backend that decodes on the device keeps one slot for single generations, its
         # decode step captured here, at load: a new cache would mean a new capture.
-        self._solo = None
+        self._solo, self._solo_free, self._solo_lock = None, False, threading.Lock()
         if ops.device_step and not trace:
             self._solo = self.new_slots(1, min(self.ctx_size, SOLO_CAPACITY), growable=True)
+            self._solo_free = True
         if warm_up:
             self._warm_up()
         # The tracer goes on after the warm-up, so its histogram holds only the user's calls.
         self.ops = self.model.ops = TracingBackend(ops) if trace else ops
         self.load_s = load_s + time.perf_counter() - t0
+
+    @property
+    def decodes_on_device(self) -> bool:
+        """Whether a single generation's decode steps run on the backend's device runner
+        (sampled there, on CUDA captured in graphs) rather than op by op."""
+        return self._solo is not None
 
     @property
     def size_note(self) -> str:
@@ -225,7 +233,7 @@ class Engine:
                                **sampling)
         self._check_fits(ids.size, max_tokens, ctx_size)
         need = ids.size + max_tokens
-        slots = session._slots(self, need) if session is not None else self._slots_for(need)
+        slots = session._slots(self, need) if session is not None else need
         seq = Sequence(ids.tolist(), options, self.tokenizer, self.eos)
         return Stream(self._generate(seq, slots, to_context))
 
@@ -285,12 +293,15 @@ class Engine:
         if self._solo is not None:
             self._solo.runner()  # the decode step of one sequence, captured
 
-    def _slots_for(self, need: int) -> Slots:
+    def _claim_slots(self, need: int) -> Slots:
         """A single generation's KV cache slot: the engine's own (its device runner captured
         at load, the cache grown when a request needs more room) when there is one and no
-        other stream holds it; else a new one sized for the request."""
-        solo = self._solo
-        if solo is None or solo.busy[0]:
+        other stream holds it; else a new one sized for the request. Claimed when the stream
+        starts, given back when it ends (_generate)."""
+        with self._solo_lock:
+            solo = self._solo if self._solo_free else None
+            self._solo_free = False
+        if solo is None:
             return self.new_slots(1, need)
         solo.clear()  # as a new one: no rows reused across calls (a Session reuses them)
         return solo
@@ -321,9 +332,13 @@ class Engine:
             raise InfernoError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
         return ids
 
-    def _generate(self, seq: Sequence, slots: Slots, to_context: bool = False):
-        """`to_context`: max_tokens is what the context had room for (stop_reason "context")."""
+    def _generate(self, seq: Sequence, slots: Slots | int, to_context: bool = False):
+        """`slots` a Session's, or the positions a single generation needs (its slot is
+        claimed here, as the stream starts); `to_context`: max_tokens is what the context had
+        room for (stop_reason "context")."""
         ops = self.ops
+        if isinstance(slots, int):
+            slots = self._claim_slots(slots)
         loop = Scheduler(self, slots, chunk=UBATCH)  # a long prompt in passes of UBATCH tokens
         loop.add([seq])
         pieces, lps = [], []
@@ -343,6 +358,8 @@ class Engine:
                         waited += time.perf_counter() - t_out
         finally:
             loop.cancel_all()  # an abandoned stream frees its slot; the rows it wrote stay claimed
+            if slots is self._solo:
+                self._solo_free = True
         t_end = time.perf_counter()
         t_first = seq.first_token_time
         ttft = t_first - t0

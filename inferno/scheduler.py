@@ -203,8 +203,8 @@ class Scheduler:
             return events
         self.steps += 1
         picks = self._on_device(batch, events)
-        if picks is None:
-            picks = self._on_host(batch, events)
+        if picks is None:  # (without the sequences the device path already failed)
+            picks = self._on_host([(seq, seg) for seq, seg in batch if not seq.finished], events)
         for seq, token, logprob in picks:
             try:
                 event = seq.take(token, logprob)
@@ -269,6 +269,8 @@ class Scheduler:
     def _on_host(self, batch, events) -> list[tuple[Sequence, int, object]]:
         """The step op by op: a forward pass, its logits rows to the host, each sampled there.
         (sequence, token, logprob) for each sequence that samples."""
+        if not batch:
+            return []
         sampling = []
         for seq, seg, row in self._forward(batch, events):
             self._wrote(seq, seg)
@@ -296,11 +298,11 @@ class Scheduler:
         if runner is None:
             return None
         masks = self._masks([seq for seq, _ in batch], events)
-        batch = [(seq, seg) for seq, seg in batch if not seq.finished]
-        if not batch:
+        kept = [(seq, seg, mask) for (seq, seg), mask in zip(batch, masks) if not seq.finished]
+        if not kept:
             return []
-        seqs = [seq for seq, _ in batch]
-        rows = decode_rows(seqs, masks, runner)
+        batch = [(seq, seg) for seq, seg, _ in kept]
+        rows = decode_rows([seq for seq, _ in batch], [mask for *_, mask in kept], runner)
         try:
             tokens, logprobs = runner.run(rows)
         except Exception as e:

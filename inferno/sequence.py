@@ -104,6 +104,7 @@ class Sequence:
         self.last_token_time: float | None = None
         # (device runner, tokens its sampling state covers) once it has decoded there
         self.device: tuple[object, int] | None = None
+        self._draw: float | None = None  # the next token's uniform draw, once taken (draw())
 
     @property
     def prefilling(self) -> bool:
@@ -131,13 +132,17 @@ class Sequence:
         if mask is not None:
             row = apply_mask(row, mask)
         history = self.prompt + self.sampled if opts.sampling.repeat_penalty != 1.0 else None
-        token = sample(row, opts.sampling, self.rng, history)
+        rng = self.rng if self._draw is None else _Drawn(self._draw)
+        token = sample(row, opts.sampling, rng, history)
         return token, token_logprob(logits, token, opts.top_logprobs) if opts.logprobs else None
 
     def draw(self) -> float:
         """The uniform number the next token's draw takes from this sequence's generator, as
-        sample() would (none when greedy): for a sampler elsewhere, the device's."""
-        return self.rng.random() if self.options.sampling.temperature > 0 else 0.0
+        sample() would (none when greedy): for a sampler elsewhere, the device's. Taken once
+        per token: if that sampler fails, the host's sample takes the same number."""
+        if self._draw is None:
+            self._draw = self.rng.random() if self.options.sampling.temperature > 0 else 0.0
+        return self._draw
 
     def logprob_from(self, logprobs, row: int, token: int) -> TokenLogprob | None:
         """This sequence's TokenLogprob from a device runner's (chosen, values, ids) arrays."""
@@ -152,6 +157,7 @@ class Sequence:
         """Add the next token, sampled here (choose) or on a device from this sequence's
         settings and draws, and say what there is to say."""
         opts = self.options
+        self._draw = None
         self.sampled.append(token)
         self._ids.append(token)
         if self.matcher is not None:
@@ -221,6 +227,16 @@ class Sequence:
             ev.prompt_tokens, ev.completion_tokens = len(self.prompt), len(self.generated)
             ev.cached_tokens = self.cached
         return ev
+
+
+class _Drawn:
+    """A generator that gives one number already drawn (Sequence.draw's), as sample() takes it."""
+
+    def __init__(self, u: float):
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
 
 
 def masks_for(seqs: list[Sequence]) -> list[np.ndarray | None]:

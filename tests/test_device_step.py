@@ -214,6 +214,66 @@ def test_the_batch_engine_pads_to_the_capture_sizes(qwen3_dir, monkeypatch):
     assert texts["eager"] == texts["off"]
 
 
+def test_interleaved_streams_do_not_share_the_engines_slot(qwen3_dir, host_generations):
+    """Two streams of one engine iterated in turn: the second must not wait for the slot the
+    first holds (it takes a new one), and each gives what it gives alone."""
+    eng = Engine(open_checkpoint(qwen3_dir), TorchBackend(device="cpu", graphs="eager"))
+    streams = [eng.stream("hello there", max_tokens=24, **GENERATIONS[i]) for i in (0, 1)]
+    going = [iter(s) for s in streams]
+    while going:
+        for it in list(going):
+            if next(it, None) is None:
+                going.remove(it)
+    assert [s.result.token_ids for s in streams] == [host_generations[i][0] for i in (0, 1)]
+    assert eng._solo_free  # given back
+
+
+def test_a_device_failure_reruns_the_step_on_the_host_with_the_same_draws(qwen3_dir, host_generations,
+                                                                          monkeypatch):
+    eng = Engine(open_checkpoint(qwen3_dir), TorchBackend(device="cpu", graphs="eager"))
+    runner, real, fails = eng._solo.runner(), eng._solo.runner().run, iter([True, False, True])
+
+    def flaky(rows):
+        if next(fails, False):
+            raise RuntimeError("a device fault")
+        return real(rows)
+    monkeypatch.setattr(runner, "run", flaky)
+    got = eng.generate("hello there", max_tokens=24, **GENERATIONS[1]).token_ids
+    assert got == host_generations[1][0]
+
+
+def test_a_grammar_failure_fails_its_sequence_once(qwen3_dir, monkeypatch):
+    """The grammar library failing on a device step: the constrained sequence ends with one
+    error event, the free one beside it goes on."""
+    import inferno.scheduler as scheduler
+    eng = Engine(open_checkpoint(qwen3_dir), TorchBackend(device="cpu", graphs="eager"))
+    with BatchEngine(eng, parallel=2, ctx_size=64) as batch:
+        grammar = eng.constraint(json_schema={"type": "string"})
+        real, calls = scheduler.masks_for, []
+
+        def failing(seqs):
+            calls.append(len(seqs))
+            if len(calls) == 3 and any(s.matcher is not None for s in seqs):
+                raise RuntimeError("the grammar library broke")
+            return real(seqs)
+        monkeypatch.setattr(scheduler, "masks_for", failing)
+        free = batch.submit(eng.encode_prompt("a"), eng.options(max_tokens=12, temperature=0))
+        bound = batch.submit(eng.encode_prompt("b"), eng.options(max_tokens=12, temperature=0, grammar=grammar))
+        free_events, bound_events = list(free), list(bound)
+    finals = [e for e in bound_events if e.finish_reason]
+    assert [e.finish_reason for e in finals] == ["error"] and "grammar library broke" in finals[0].error
+    assert free_events[-1].finish_reason == "length"
+
+
+def test_outgrown_rope_tables_are_kept(qwen3_dir):
+    """A captured step holds a RoPE table's address: a bigger cache's table must not free it."""
+    m = Engine(open_checkpoint(qwen3_dir), TorchBackend(device="cpu"), warm_up=False).model
+    first = m.rope_table(64)
+    assert m.rope_table(50) is first
+    bigger = m.rope_table(300)
+    assert bigger is not first and first in m._rope_kept
+
+
 def padded_init(self, *args, **kwargs):
     """DecodeGraphs as on CUDA, padding each batch to the next capture size, without capture."""
     real_init(self, *args, **kwargs)
@@ -296,3 +356,14 @@ def test_cuda_checks():
     proc = subprocess.run([sys.executable, str(Path(__file__).parent / "cuda_checks.py")], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+
+
+def test_bench_decodes_through_the_device_step(qwen3_dir, monkeypatch):
+    """inferno bench's tgN on a backend that decodes on the device times the steps a reply
+    takes (the runner's), not the op-by-op forward."""
+    from inferno.bench import EngineRunner
+    bench = EngineRunner(str(qwen3_dir), "torch", True, device="cpu", graphs="eager")
+    runner, calls = bench.engine._solo.runner(), []
+    monkeypatch.setattr(runner, "run", lambda rows, real=runner.run: calls.append(1) or real(rows))
+    assert bench.decode(bench.first_token, 6) > 0 and len(calls) == 6
+    bench.close()

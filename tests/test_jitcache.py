@@ -314,3 +314,19 @@ def test_the_key_names_the_target_numba_compiles_for(monkeypatch):
     monkeypatch.setattr(config, "CPU_NAME", None)
     monkeypatch.setattr(config, "CPU_FEATURES", None)
     assert jitcache.cache_key() == host
+
+
+def test_the_key_ignores_the_torch_backends(monkeypatch, tmp_path):
+    """The kernels' sources decide the key; an edit to the torch backends (which no Numba
+    kernel imports) must not recompile every kernel, an edit below the kernels must."""
+    for name in ("backends/base.py", "backends/numba/k.py", "backends/torch/t.py", "formats/f.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    monkeypatch.setattr(jitcache, "PACKAGE", tmp_path)
+    key = jitcache.cache_key()
+    (tmp_path / "backends/torch/t.py").write_text("x = 2\n")
+    assert jitcache.cache_key() == key
+    for name in ("backends/base.py", "backends/numba/k.py", "formats/f.py"):
+        (tmp_path / name).write_text("changed = True\n")
+        assert jitcache.cache_key() != key
+        key = jitcache.cache_key()

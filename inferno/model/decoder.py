@@ -160,6 +160,7 @@ class DecoderModel:
             self.inv_freq[True] = cfg.inv_freq(local=True)
         self._rope_rows = 0  # positions the decode step's RoPE tables cover (see rope_table)
         self._rope_table: dict = {}
+        self._rope_kept: list[dict] = []  # tables outgrown, which captured steps still read
 
     def new_cache(self, capacity: int, slots: int = 1, cache_type: str | None = None) -> KVCache:
         """A KV cache of `slots` x `capacity` positions, in the model's cache type unless given."""
@@ -281,8 +282,11 @@ class DecoderModel:
         """cos and sin for positions 0..positions-1 at least, per kind of layer (global, and
         the windowed layers' base), as backend tensors: the decode step takes a batch's rows
         from them. Made once on the host, in float64 like every step's, so both agree bit for
-        bit; remade only for a bigger cache."""
+        bit; remade only for a bigger cache. An outgrown table is kept, not freed: a step
+        captured in a CUDA graph holds its address, not a reference."""
         if positions > self._rope_rows:
+            if self._rope_table:
+                self._rope_kept.append(self._rope_table)
             self._rope_rows = max(positions, min(2 * self._rope_rows, self.cfg.max_position_embeddings))
             every = np.arange(self._rope_rows)
             self._rope_table = {local: self.ops.rope_tables(every, inv) for local, inv in self.inv_freq.items()}

@@ -81,8 +81,11 @@ def cache_key() -> str:
     from inferno.backends.numba.lanes import target_cpu
 
     h = hashlib.sha256()
-    # the kernels import the backends' and the formats' code
-    for path in sorted([*(PACKAGE / "backends").rglob("*.py"), *(PACKAGE / "formats").rglob("*.py")]):
+    # the kernels import the backends' and the formats' code, never the torch backends' (a
+    # Numba user never loads torch: tests/test_layers.py), whose edits need no recompile
+    torch_side = PACKAGE / "backends" / "torch"
+    sources = [*(PACKAGE / "backends").rglob("*.py"), *(PACKAGE / "formats").rglob("*.py")]
+    for path in sorted(p for p in sources if torch_side not in p.parents):
         h.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
     h.update(f"numba {numba.__version__} llvmlite {llvmlite.__version__} {sys.version_info[:2]}".encode())
     name = target_cpu()

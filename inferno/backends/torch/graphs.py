@@ -87,16 +87,22 @@ class DecodeGraphs:
         if b > self.sizes[-1]:
             raise ValueError(f"{b} rows exceed the {self.sizes[-1]} this runner was made for")
         size = next(s for s in self.sizes if s >= b) if self.pad else b
-        self._stage(rows, b, size)
-        for start in rows.starts:
-            self._start(int(rows.slots[start.row]), start)
         greedy = not np.any(np.asarray(rows.temperature) > 0)
-        if self.graphs:
-            graph, tokens, logits = self.graphs[(size, greedy)]
-            graph.replay()
-        else:
-            tokens, logits = self._body(size, greedy)
-        out = tokens[:b].cpu().numpy()  # the step's one wait on the device
+        try:
+            self._stage(rows, b, size)
+            for start in rows.starts:
+                self._start(int(rows.slots[start.row]), start)
+            if self.graphs:
+                graph, tokens, logits = self.graphs[(size, greedy)]
+                graph.replay()
+            else:
+                tokens, logits = self._body(size, greedy)
+            out = tokens[:b].cpu().numpy()  # the step's one wait on the device
+        except BaseException:
+            # Nothing may still be copying from the pinned buffers when the next step refills them.
+            if self.staging.is_pinned():
+                torch.cuda.synchronize()
+            raise
         if rows.logprobs < 0:
             return out, None
         chosen, values, ids = sampling.logprobs(logits[:b], tokens[:b], rows.logprobs)

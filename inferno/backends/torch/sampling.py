@@ -7,9 +7,10 @@ bias, OpenAI's presence and frequency penalties, the grammar's mask), then in fl
 transformers' repetition penalty, greedy argmax, top-k and top-p with ties at their edges kept
 by lowest id, min-p, and one inverse-CDF draw in token-id order from the uniform number the host
 drew from the sequence's own generator. So a seed gives the tokens the host sampler gives
-(tests/test_device_step.py pins them), and the draws stay with the sequence, not the device.
-MPS has no float64: there the float64 steps run in float32, which can move a draw that lands
-within about 1e-7 of a boundary.
+(tests/test_device_step.py pins them on the CPU), and the draws stay with the sequence, not the
+device. Sums are the one difference: a GPU adds in another order (a parallel scan), so a draw or
+a top-p or min-p edge that lands within a rounding error of a boundary can fall the other way;
+on MPS, which has no float64, within about 1e-7.
 
 Nothing here reads a tensor on the host: it is captured in the decode step's CUDA graph.
 """

@@ -116,7 +116,8 @@ def _split_range(kv_len, window, num_splits, min_blocks, N_NEW: tl.constexpr, BL
     first = tl.where(window > 0, tl.maximum(kv_len - N_NEW + 1 - window, 0), 0)
     n_blocks = tl.cdiv(kv_len - first, BLOCK_N)
     count = tl.minimum(num_splits, tl.maximum(n_blocks // min_blocks, 1))
-    return first, tl.cdiv(n_blocks, count) * BLOCK_N, count
+    per = tl.cdiv(n_blocks, count)  # blocks a split
+    return first, per * BLOCK_N, tl.cdiv(n_blocks, per)  # none of the count empty
 
 
 # -- kernel 1: one split of one sequence's keys for one KV head -----------------------------
