@@ -299,6 +299,7 @@ def cmd_generate(args) -> int:
             if flag is None:
                 raise
             raise InfernoError(f"{flag}: {str(e).split(': ', 1)[-1]}") from None
+        constrained = args.json_schema is not None or args.grammar_file is not None
         if args.json:
             for _ in stream:
                 pass
@@ -309,6 +310,12 @@ def cmd_generate(args) -> int:
                                      "max_tokens": args.max_tokens}}
             print(json.dumps({"text": stream.result.text, **settings, **_stats_dict(stream.result)},
                              ensure_ascii=False))
+        elif constrained and not sys.stdout.isatty():
+            # A program reads this: the reply goes out whole, or not at all when it is cut.
+            for _ in stream:
+                pass
+            if stream.result.stop_reason not in CUT:
+                print(stream.result.text, flush=True)
         else:
             for piece in stream:
                 sys.stdout.write(piece)
@@ -318,9 +325,18 @@ def cmd_generate(args) -> int:
         print(format_stats(stream.result), file=sys.stderr)
         if args.trace:
             print(engine.ops.format_histogram(), file=sys.stderr)
+        if constrained and stream.result.stop_reason in CUT:
+            what = "JSON" if args.json_schema is not None else "reply the grammar asks for"
+            print(f"error: the {what} is incomplete: the reply was cut at {stream.result.generated_tokens} "
+                  f"tokens ({CUT[stream.result.stop_reason]}) before it ended; raise it and ask again",
+                  file=sys.stderr)
+            return 1
     finally:
         engine.close()
     return 0
+
+
+CUT = {"length": "--max-tokens", "context": "the end of the context: --ctx-size"}
 
 
 def cmd_chat(args) -> int:

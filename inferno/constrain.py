@@ -25,9 +25,72 @@ from inferno.errors import InfernoError, one_line
 if TYPE_CHECKING:  # the library itself loads on first use (_llguidance)
     import llguidance as llg
 
-# JSON whitespace: at most 20 characters where JSON allows it (llama.cpp bounds it the same way);
-# unbounded, a weak model can fill its whole budget with newlines inside a constrained object.
-JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,20}"}
+# JSON whitespace, where JSON allows it: none, one space, or one or two newlines and an indent of
+# up to 20 spaces or tabs (llama.cpp's schema converter's rule): compact or pretty-printed JSON.
+# Unbounded, a weak model can fill its whole budget with whitespace inside a constrained object.
+JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})"}
+
+# Numbers a schema leaves unbounded: at most 16 digits before the point, as llama.cpp's schema
+# converter allows, and 10 after it (a multipleOf of 1e-10; llguidance refuses finer steps, whose
+# float is not the decimal it reads). Unbounded, greedy decoding writes 1111... to the limit.
+NUMBER_BOUNDS = {"minimum": -(10**16 - 1), "maximum": 10**16 - 1}
+FRACTION_STEP = 1e-10
+
+# Subschema places of JSON Schema: a map of them, a list of them, one of them.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "additionalItems", "unevaluatedProperties",
+               "unevaluatedItems", "contains", "not", "if", "then", "else", "propertyNames")
+
+
+def json_defaults(schema, _in_all_of: bool = False):
+    """A JSON Schema as inferno constrains replies to it (a new one; the given one is not
+    changed), so that a reply that may end does:
+    - an object that lists its `properties` and says nothing of others is closed
+      (`additionalProperties: false`), as llama.cpp's converter and vLLM's guided decoding
+      (xgrammar's strict mode) read it, and as OpenAI's strict mode requires it to be written.
+      Pydantic, zod and hand-written schemas leave the key out; open, a small model invents
+      keys without end. `"additionalProperties": true` (or a schema) keeps an object open. The
+      parts of an `allOf` are left as they are: each lists only some of the properties.
+    - an integer or number without bounds gets NUMBER_BOUNDS, a number without a `multipleOf`
+      FRACTION_STEP; a bound the schema gives is kept.
+    """
+    if isinstance(schema, list):
+        return [json_defaults(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: json_defaults(v) for k, v in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [json_defaults(s, key == "allOf") for s in out[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = json_defaults(out[key])
+    types = out.get("type")
+    types = set(types) if isinstance(types, list) else {types}
+    if ("object" in types or "type" not in out) and "properties" in out and not _in_all_of and not (
+            {"additionalProperties", "patternProperties", "unevaluatedProperties"} & set(out)):
+        out["additionalProperties"] = False
+    if types & {"integer", "number"} and not {"enum", "const"} & set(out):
+        if not {"minimum", "exclusiveMinimum"} & set(out):
+            out["minimum"] = NUMBER_BOUNDS["minimum"]
+        if not {"maximum", "exclusiveMaximum"} & set(out):
+            out["maximum"] = NUMBER_BOUNDS["maximum"]
+        if "number" in types and "multipleOf" not in out:
+            out["multipleOf"] = FRACTION_STEP
+    return out
+
+
+# response_format json_object: any JSON object, its numbers bounded as json_defaults bounds them.
+ANY_OBJECT = {
+    "$defs": {"value": {"anyOf": [
+        {"type": "string"}, json_defaults({"type": "number"}), {"type": "boolean"}, {"type": "null"},
+        {"type": "array", "items": {"$ref": "#/$defs/value"}},
+        {"type": "object", "additionalProperties": {"$ref": "#/$defs/value"}}]}},
+    "type": "object", "additionalProperties": {"$ref": "#/$defs/value"}}
 
 
 @dataclass(frozen=True)
@@ -89,7 +152,7 @@ class Grammars:
         given = {k: v for k, v in dict(json_schema=json_schema, grammar=grammar, regex=regex,
                                        lark=lark).items() if v is not None}
         if json_object:
-            given["json_object"] = {"type": "object"}  # any object, extra properties allowed
+            given["json_object"] = ANY_OBJECT  # any object, extra properties allowed
         if len(given) != 1:
             raise InfernoError(f"give one constraint, not {len(given)}: {', '.join(given) or 'none'}",
                                params=tuple(given))
@@ -103,7 +166,7 @@ class Grammars:
             if not isinstance(source, (dict, bool)):
                 raise InfernoError(f"json_schema must be a JSON object, not {type(source).__name__}",
                                    params=(kind,))
-            source = json.dumps(source)
+            source = json.dumps(json_defaults(source))
         elif not isinstance(source, str):
             raise InfernoError(f"{kind} must be text, not {type(source).__name__}", params=(kind,))
         key = (kind, source)

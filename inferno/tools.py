@@ -20,7 +20,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from inferno.constrain import JSON_OPTIONS
+from inferno.constrain import JSON_OPTIONS, json_defaults
 from inferno.errors import InfernoError
 
 FORMATS = ("hermes", "llama3", "generic")
@@ -314,8 +314,9 @@ class StreamParser:
 # -- grammars (llguidance Lark, for constrain.Grammars.compile(lark=...)) -------------------------
 def _json(schema: dict) -> str:
     # lenient: a keyword llguidance does not implement (an unknown "format") is ignored in a
-    # tool's parameters rather than failing the request.
-    return "%json " + json.dumps({"x-guidance": {**JSON_OPTIONS, "lenient": True}, **schema})
+    # tool's parameters rather than failing the request. Closed objects and bounded numbers,
+    # as for any schema (constrain.json_defaults).
+    return "%json " + json.dumps({"x-guidance": {**JSON_OPTIONS, "lenient": True}, **json_defaults(schema)})
 
 
 def _one_call(format: str, tools) -> dict:

@@ -289,3 +289,64 @@ def test_special_tokens_are_the_added_ones_llguidance_treats_whole(vocabs, gramm
     assert {"<s>", "</s>"} <= set(grammars["spm_gguf"].special_tokens)
     im_end = vocabs["bpe_folder"].hf.token_to_id("<|im_end|>")
     assert grammars["bpe_folder"].special_tokens["<|im_end|>"] == im_end
+
+
+# -- the defaults: closed objects, bounded numbers, bounded whitespace ------------------------------
+def test_json_defaults_close_objects_and_bound_numbers():
+    pydantic_like = {  # as City.model_json_schema() writes it: no additionalProperties
+        "type": "object", "title": "City",
+        "properties": {"name": {"type": "string"}, "population": {"type": "integer"},
+                       "area": {"type": "number"}, "mayor": {"$ref": "#/$defs/Person"},
+                       "tags": {"type": "array", "items": {"type": "object", "properties": {"t": {"type": "string"}}}},
+                       "rank": {"type": "integer", "minimum": 1},
+                       "share": {"anyOf": [{"type": "number", "multipleOf": 0.5}, {"type": "null"}]},
+                       "open": {"type": "object", "properties": {"x": {"type": "boolean"}},
+                                "additionalProperties": True},
+                       "level": {"type": "integer", "enum": [1, 2]}},
+        "required": ["name"],
+        "$defs": {"Person": {"properties": {"first": {"type": "string"}},
+                             "allOf": [{"properties": {"last": {"type": "string"}}}]}},
+    }
+    got = C.json_defaults(pydantic_like)
+    assert pydantic_like["properties"]["population"] == {"type": "integer"}  # not changed in place
+    assert got["additionalProperties"] is False
+    assert got["$defs"]["Person"]["additionalProperties"] is False  # no "type", but properties
+    assert "additionalProperties" not in got["$defs"]["Person"]["allOf"][0]  # a part of an allOf
+    assert got["properties"]["tags"]["items"]["additionalProperties"] is False
+    assert got["properties"]["open"]["additionalProperties"] is True  # said open: stays open
+    b = 10**16 - 1
+    assert got["properties"]["population"] == {"type": "integer", "minimum": -b, "maximum": b}
+    assert got["properties"]["area"] == {"type": "number", "minimum": -b, "maximum": b, "multipleOf": 1e-10}
+    assert got["properties"]["rank"] == {"type": "integer", "minimum": 1, "maximum": b}  # its bound kept
+    assert got["properties"]["share"]["anyOf"][0]["multipleOf"] == 0.5
+    assert got["properties"]["level"] == {"type": "integer", "enum": [1, 2]}  # an enum is bounded
+
+
+@pytest.mark.parametrize("kind", KINDS[:2])
+def test_an_object_that_omits_additional_properties_ends(vocabs, grammars, kind):
+    """Uniform random decoding under the pydantic form of a schema (no additionalProperties):
+    every reply ends, with only the listed keys and numbers of at most 16 digits, and the
+    whitespace between tokens is compact or an indent."""
+    g, tok = grammars[kind], vocabs[kind]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"},
+                                               "c": {"type": "object", "properties": {"d": {"type": "integer"}}}},
+              "required": ["a", "b", "c"]}
+    grammar = g.compile(json_schema=schema)
+    for seed in range(8):
+        ids, ended = random_decode(g, grammar, seed)
+        text = tok.decode(ids)
+        obj = json.loads(text)
+        assert ended and set(obj) == {"a", "b", "c"} and set(obj["c"]) <= {"d"}
+        assert abs(obj["a"]) < 1e16 and abs(obj["b"]) < 1e16
+        for gap in re.findall(r'[{}\[\],:]([ \t\n\r]+)["{\[0-9tfn-]', text):
+            assert gap == " " or re.fullmatch(r"\n{1,2}[ \t]{0,20}", gap), repr(gap)
+
+
+def test_json_object_bounds_its_numbers(vocabs, grammars):
+    g, tok = grammars["bpe_folder"], vocabs["bpe_folder"]
+    m = g.compile(json_object=True).matcher()
+    for t in tok.encode('{"a": [1, 2.5, {"b": ' + "9" * 16, add_special_tokens=False):
+        m.consume(t)
+    with pytest.raises(InfernoError, match="not allowed"):  # a 17th digit
+        for t in tok.encode("9", add_special_tokens=False):
+            m.consume(t)

@@ -224,6 +224,8 @@ def test_python_api_and_cli(tool_model_dir, tmp_path):
         p = cli("-p", "A number", "-n", "50", "--json-schema", spec)
         assert p.returncode == 0, p.stderr
         jsonschema.validate(json.loads(p.stdout), schema)
+    cut = cli("-p", "A number", "-n", "2", "--json-schema", json.dumps(schema))
+    assert cut.returncode == 1 and cut.stdout == "" and "the JSON is incomplete" in cut.stderr, cut
     bad = cli("-p", "x", "--grammar-file", tmp_path / "missing.gbnf")
     assert bad.returncode == 1 and "--grammar-file: cannot read" in bad.stderr and "Traceback" not in bad.stderr
     bad = cli("-p", "x", "--json-schema", '{"type": 5')
@@ -231,6 +233,31 @@ def test_python_api_and_cli(tool_model_dir, tmp_path):
     (tmp_path / "bad.gbnf").write_text("root ::= ((")
     bad = cli("-p", "x", "--grammar-file", tmp_path / "bad.gbnf")
     assert bad.returncode == 1 and "not a valid GBNF grammar" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_schemas_as_pydantic_writes_them_end(tool_model_dir):
+    """Objects that list their properties and leave additionalProperties out (pydantic's,
+    zod's, most hand-written schemas), numbers without bounds: a tiny random model invents keys
+    and writes digits to the limit under the schema as written, and ends under inferno's reading
+    of it (closed objects, bounded numbers)."""
+    engine = inferno.load(tool_model_dir, progress=False)
+    schemas = [{"type": "object", "properties": {"a": {"type": "integer"}}},
+               {"type": "object", "properties": {"n": {"type": "number"}}, "required": ["n"]},
+               {"type": "object", "properties": {"city": {"type": "object", "properties": {
+                   "name": {"type": "string", "maxLength": 10}, "people": {"type": "integer"}}}}}]
+    def listed_keys_only(obj, schema):
+        assert set(obj) <= set(schema["properties"]), obj
+        for key, value in obj.items():
+            if isinstance(value, dict):
+                listed_keys_only(value, schema["properties"][key])
+
+    for schema in schemas:
+        for prompt in ("hello", "story", "x y z", "Describe a city."):
+            r = engine.generate(prompt, json_schema=schema, max_tokens=120, temperature=0)
+            assert r.stop_reason == "eos", (schema, prompt, r.text)
+            obj = json.loads(r.text)
+            jsonschema.validate(obj, schema)
+            listed_keys_only(obj, schema)
 
 
 # -- tool calls ----------------------------------------------------------------------------------
