@@ -18,6 +18,7 @@ from inferno.backends.base import DecodeRows, SlotStart
 from inferno.constrain import apply_mask, fill_masks
 from inferno.errors import InfernoError
 from inferno.model.sampling import SamplingParams, sample
+from inferno.tools import CallGuard
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Options:
     logprobs: bool = False  # each token's log-probability under the raw logits
     top_logprobs: int = 0  # and the k likeliest alternatives
     grammar: object = None  # a constrain.Grammar (JSON schema, GBNF...): each token masked to it
+    tool_format: str | None = None  # tools.FORMATS: the reply holds calls; a repeated one ends it
 
     def check(self, vocab_size: int) -> None:
         """The values no sampler can take, as one error naming the option."""
@@ -88,6 +90,7 @@ class Sequence:
         self.shared: dict[Sequence, int] = {}  # the scheduler's: prompt tokens shared with others
         # Where the constrained output is in its grammar (constrain.Matcher), or None.
         self.matcher = options.grammar.matcher() if options.grammar is not None else None
+        self.guard = CallGuard(options.tool_format) if options.tool_format else None
         self.sampled: list[int] = []  # every sampled token, the EOS included
         self.generated: list[int] = []  # the ones that are text
         self._decoder = tokenizer.stream()
@@ -211,6 +214,15 @@ class Sequence:
                 self.text, final = self.text[:min(hits)], "stop"
             elif not final:
                 hold = held_back(self.text, self.options.stop)
+        if self.guard is not None and piece and final != "stop":
+            # A repeated tool call ends the reply where it starts (tools.CallGuard), and what
+            # may yet turn out to be one is held back until it is known not to be.
+            self.guard.feed(piece)
+            cut = self.guard.cut()
+            if cut is not None:
+                self.text, final = self.text[:max(cut, self._sent)], "stop"
+            elif not final:
+                hold = max(hold, len(self.text) - self.guard.hold())
         if final:
             self.finish_reason = final
             return self._event(self.text[self._sent:], final)

@@ -141,46 +141,142 @@ def parse(format: str, text: str) -> tuple[str, list[ToolCall]]:
     return "".join(content), calls
 
 
-def _call(text: str, key: str) -> ToolCall | None:
-    """A call from its JSON text ({"name": ..., key: {...}}), or None if it is not one. The
-    arguments are the model's own text of them: re-serialised, 1e999 would become Infinity."""
+# -- a call object read as it streams --------------------------------------------------------------
+class _Incomplete(Exception):
+    """The text ends inside what is being read."""
+
+
+class _Invalid(Exception):
+    """The text cannot be a call object."""
+
+
+_LITERAL = re.compile(r"-?[0-9][0-9.eE+-]*|true|false|null")
+_SPACE = " \t\n\r"
+
+
+def _skip_ws(s: str, i: int, end: int) -> int:
+    while i < end and s[i] in _SPACE:
+        i += 1
+    return i
+
+
+def _string_end(s: str, i: int, end: int) -> int:
+    """The index past the JSON string that opens at s[i]."""
+    j = i + 1
+    while j < end:
+        if s[j] == "\\":
+            j += 2
+        elif s[j] == '"':
+            return j + 1
+        else:
+            j += 1
+    raise _Incomplete
+
+
+def _value_end(s: str, i: int, end: int) -> int:
+    """The index past the JSON value at s[i] (objects and arrays by their brackets)."""
+    if i >= end:
+        raise _Incomplete
+    if s[i] == '"':
+        return _string_end(s, i, end)
+    if s[i] in "{[":
+        depth, j = 0, i
+        while j < end:
+            c = s[j]
+            if c == '"':
+                j = _string_end(s, j, end)
+                continue
+            if c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+            j += 1
+        raise _Incomplete
+    m = _LITERAL.match(s, i, end)
+    if not m:
+        raise _Invalid
+    if m.end() == end:  # a number may go on
+        raise _Incomplete
+    return m.end()
+
+
+@dataclass
+class _Scan:
+    """What a call object holds so far: its name (once its string is whole), where its
+    arguments' value starts and ends, where the object ends; `invalid`: it cannot be a call."""
+    name: str | None = None
+    args: int | None = None
+    args_end: int | None = None
+    end: int | None = None
+    invalid: bool = False
+
+
+def _scan_call(s: str, i: int, end: int) -> _Scan:
+    """The call object ({"name": ..., "arguments" or "parameters": ...}) opening at s[i], read
+    as far as s[:end] goes."""
+    out = _Scan()
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    key = next((k for k in (key, "arguments", "parameters") if k in obj), None)
-    if key is None:
-        return ToolCall(obj["name"], "{}")
-    spans = {k: (s, e) for k, s, e in _members(text, 0)}  # the last of a repeated key, as json.loads
-    args, raw = obj[key], text[slice(*spans[key])]
-    if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args, raw = json.loads(args), args
-        except json.JSONDecodeError:
-            return None
-    return ToolCall(obj["name"], raw) if isinstance(args, dict) else None
+        if i >= end:
+            raise _Incomplete
+        if s[i] != "{":
+            raise _Invalid
+        j = _skip_ws(s, i + 1, end)
+        while True:
+            if j >= end:
+                raise _Incomplete
+            if s[j] == "}":
+                out.end = j + 1
+                return out
+            if s[j] != '"':
+                raise _Invalid
+            k = _string_end(s, j, end)
+            key = json.loads(s[j:k])
+            j = _skip_ws(s, k, end)
+            if j >= end:
+                raise _Incomplete
+            if s[j] != ":":
+                raise _Invalid
+            j = _skip_ws(s, j + 1, end)
+            if key in ("arguments", "parameters") and out.args is None:
+                if j < end:
+                    out.args = j
+                v = _value_end(s, j, end)
+                out.args_end = v
+            elif key == "name" and out.name is None:
+                if j < end and s[j] != '"':
+                    raise _Invalid
+                v = _string_end(s, j, end)
+                out.name = json.loads(s[j:v])
+            else:
+                v = _value_end(s, j, end)
+            j = _skip_ws(s, v, end)
+            if j >= end:
+                raise _Incomplete
+            if s[j] == ",":
+                j = _skip_ws(s, j + 1, end)
+            elif s[j] != "}":
+                raise _Invalid
+    except _Incomplete:
+        return out
+    except (_Invalid, json.JSONDecodeError):
+        out.invalid = True
+        return out
 
 
-_WS = re.compile(r"[ \t\n\r]*")
-
-
-def _members(text: str, i: int) -> list[tuple[str | None, int, int]]:
-    """(key, start, end) of each member of the valid JSON object or array at text[i] (key None
-    in an array)."""
-    close, out = "}" if text[i] == "{" else "]", []
-    i = _WS.match(text, i + 1).end()
-    while text[i] != close:
-        key = None
-        if close == "}":
-            key, i = json.decoder.scanstring(text, i + 1)
-            i = _WS.match(text, _WS.match(text, i).end() + 1).end()  # past ':'
-        end = json.JSONDecoder().raw_decode(text, i)[1]
-        out.append((key, i, end))
-        i = _WS.match(text, end).end()
-        i = _WS.match(text, i + 1).end() if text[i] == "," else i
-    return out
+@dataclass
+class _Open:
+    """A call being streamed: where its object starts in the text, its index among the calls,
+    and how much of its arguments has gone out."""
+    start: int  # the object's "{" (hermes: the first character after <tool_call>)
+    index: int
+    mark: int = 0  # where its text starts: its tag or separator, where a reply would be cut
+    id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))
+    named: bool = False
+    sent: int | None = None  # arguments sent up to here (raw text arguments)
+    done: bool = False  # its arguments are all out
+    complete: bool = False  # its object is whole (in `calls`)
 
 
 class _Content:
@@ -200,115 +296,338 @@ class _Content:
         return [Delta(content=body)] if body else []
 
 
+@dataclass(frozen=True)
+class Call:
+    """A complete call in a reply's text: its object at start..end, its text from mark (a tag
+    or separator before it) on."""
+    mark: int
+    start: int
+    end: int
+    name: str
+    arguments: str
+
+
 class StreamParser:
-    """Feed the reply's text as it is decoded; get content and tool-call deltas. Content that
-    may be the start of a call is held back until it is known not to be. A call is emitted
-    whole once its JSON is complete (hermes: at `</tool_call>`)."""
+    """Feed the reply's text as it is decoded; get content and tool-call deltas as they can be
+    told apart. A call's id and name go out once its name is whole, then its arguments fragment
+    by fragment as they are generated (OpenAI's streaming, from which instructor and others
+    build partial objects); arguments the model wrote as a JSON string go out whole, decoded.
+    Content that may be the start of a call is held back until it is known not to be. A reply
+    cut in the middle of a call (max_tokens) still has the call, with the arguments written so
+    far; a call cut before its name is whole is dropped: the wrapper never reaches content.
+
+    `calls` lists each call as it completes: what CallGuard reads to end a reply at a
+    repeated call."""
 
     def __init__(self, format: str):
         if format not in FORMATS:
             raise ValueError(f"unknown tool-call format {format!r}")
         self.format = format
-        self.buf = ""  # text received and not yet emitted
-        self.state = "start"  # start -> text | calls (hermes: text <-> call)
-        self.calls = 0
+        self.text = ""  # everything fed
+        self.pos = 0  # the text before it has gone out (as content or calls)
+        self.state = "start"
+        self.open: _Open | None = None  # the call being read
+        self.count = 0  # calls named so far
+        self.calls: list[Call] = []  # the complete calls
         self.content = _Content()
+        self.at = 0  # generic: where its array's next element, or its response string, is read
+        self.kind = None  # generic: "tool_calls", "response" or "text", once the opening says
 
     def feed(self, piece: str) -> list[Delta]:
-        self.buf += piece
-        return self._advance(final=False)
+        self.text += piece
+        return getattr(self, "_" + self.format)(False)
 
     def finish(self) -> list[Delta]:
-        return self._advance(final=True)
+        return getattr(self, "_" + self.format)(True)
 
-    def _emit(self, call: ToolCall) -> list[Delta]:
-        self.calls += 1
-        return [Delta(index=self.calls - 1, id=call.id, name=call.name, arguments=""),
-                Delta(index=self.calls - 1, arguments=call.arguments)]
-
-    def _text(self, upto: int) -> list[Delta]:
-        text, self.buf = self.buf[:upto], self.buf[upto:]
+    # -- what every format shares -----------------------------------------------------------------
+    def _content_to(self, upto: int) -> list[Delta]:
+        text, self.pos = self.text[self.pos:upto], max(self.pos, upto)
         return self.content.push(text)
 
-    def _advance(self, final: bool) -> list[Delta]:
-        return getattr(self, "_" + self.format)(final)
+    def _call(self, start: int, end: int, mark: int) -> tuple[list[Delta], _Scan]:
+        """Read the call object at `start` as far as `end`: the deltas it makes known now (its
+        id and name, then arguments), and its scan. `mark` is where its text starts (a tag,
+        a separator), for `calls`."""
+        if self.open is None or self.open.start != start:
+            self.open = _Open(start, self.count)
+        call, s = self.open, self.text
+        call.mark = mark
+        scan, out = _scan_call(s, start, end), []
+        if not call.named and scan.name is not None:
+            call.named, self.count = True, self.count + 1
+            out.append(Delta(index=call.index, id=call.id, name=scan.name, arguments=""))
+        if not call.named:
+            return out, scan
+        if call.done:
+            pass
+        elif scan.args is not None and s[scan.args] != '"':  # raw JSON: as it comes
+            upto = scan.args_end if scan.args_end is not None else end
+            start_at = scan.args if call.sent is None else call.sent
+            if upto > start_at:
+                out.append(Delta(index=call.index, arguments=s[start_at:upto]))
+            call.sent, call.done = max(start_at, upto), scan.args_end is not None
+        elif scan.args_end is not None or (scan.args is None and scan.end is not None):
+            out.append(Delta(index=call.index, arguments=_arguments(s, scan)))  # whole
+            call.done = True
+        if call.done and scan.end is not None and not call.complete:
+            call.complete = True
+            self.calls.append(Call(mark, start, scan.end, scan.name, _arguments(s, scan)))
+        return out, scan
 
+    # -- the formats -------------------------------------------------------------------------------
     def _hermes(self, final: bool) -> list[Delta]:
-        out = []
+        out, s = [], self.text
         while True:
             if self.state != "call":
-                i = self.buf.find(OPEN)
+                i = s.find(OPEN, self.pos)
                 if i < 0:  # hold back a tail that could start <tool_call>
-                    longest = min(len(OPEN) - 1, len(self.buf))
-                    keep = next((k for k in range(longest, 0, -1) if OPEN.startswith(self.buf[-k:])), 0)
-                    return out + self._text(len(self.buf) - (0 if final else keep))
-                out += self._text(i)
-                self.buf, self.state = self.buf[len(OPEN):], "call"
-            j = self.buf.find(CLOSE)
-            if j < 0 and not final:
+                    longest = min(len(OPEN) - 1, len(s) - self.pos)
+                    keep = next((k for k in range(longest, 0, -1) if OPEN.startswith(s[len(s) - k:])), 0)
+                    return out + self._content_to(len(s) - (0 if final else keep))
+                out += self._content_to(i)
+                self.state, self.at = "call", i
+            # The call's body ends at </tool_call>, or where the text does.
+            close = s.find(CLOSE, self.at + len(OPEN))
+            body_end = close if close >= 0 else len(s)
+            deltas, scan = self._call(_skip_ws(s, self.at + len(OPEN), body_end), body_end, self.at)
+            out += deltas
+            if close < 0 and not final:
                 return out
-            body, rest = (self.buf[:j], self.buf[j + len(CLOSE):]) if j >= 0 else (self.buf, "")
-            call = _call(body.strip(), "arguments")  # an unclosed call at the end counts too
-            if call:
-                out += self._emit(call)
-            else:
-                out += self.content.push(OPEN + body + (CLOSE if j >= 0 else ""))
-            self.buf, self.state = rest, "text"
+            if not self.open.named and (close >= 0 or scan.invalid):  # not a call: it was text
+                out += self.content.push(s[self.at:close + len(CLOSE) if close >= 0 else len(s)])
+            self.pos = close + len(CLOSE) if close >= 0 else len(s)
+            self.state, self.open = "text", None
+            if close < 0:
+                return out
 
     def _llama3(self, final: bool) -> list[Delta]:
-        out = []
+        out, s = [], self.text
         while self.state != "text":
-            rest = self.buf.lstrip()
-            if self.calls:  # after a call: whitespace and one ';' before the next
-                if rest.startswith(";"):
-                    rest = rest[1:].lstrip()
-                elif rest:
+            if self.open is not None:  # a call in progress
+                deltas, scan = self._call(self.open.start, len(s), self.at)
+                out += deltas
+                if scan.invalid or (scan.end is not None and not self.open.named):
+                    self.open, self.state = None, "text"  # not a call: the rest is text
                     break
-            elif rest.startswith(PYTHON_TAG):
-                rest = rest[len(PYTHON_TAG):].lstrip()
-            elif rest and PYTHON_TAG.startswith(rest) and not final:
+                if scan.end is None:
+                    if not final:
+                        return out
+                    self.pos = len(s)  # cut: what was written is the call
+                    return out
+                self.pos, self.open = scan.end, None
+                continue
+            i = _skip_ws(s, self.pos, len(s))
+            self.at = i
+            if self.count:  # after a call: one ';' before the next
+                if s.startswith(";", i):
+                    i = _skip_ws(s, i + 1, len(s))
+                elif i < len(s):
+                    self.state = "text"
+                    break
+            elif s.startswith(PYTHON_TAG, i):
+                i = _skip_ws(s, i + len(PYTHON_TAG), len(s))
+            elif i < len(s) and PYTHON_TAG.startswith(s[i:]) and not final:
                 return out
-            if not rest and not final:
-                return out
-            if not rest.startswith("{"):
-                break
-            try:
-                end = json.JSONDecoder().raw_decode(rest)[1]
-            except json.JSONDecodeError:
+            if i >= len(s):
                 if not final:
-                    return out  # incomplete, or not JSON: known at the end
+                    return out
+                if self.count:
+                    self.pos = len(s)
+                self.state = "text"
                 break
-            call = _call(rest[:end], "parameters")
-            if call is None:
+            if s[i] != "{":
+                self.state = "text"
                 break
-            out += self._emit(call)
-            self.buf = rest[end:]
-        self.state = "text"  # the rest is content
-        return out + self._text(len(self.buf))
+            self.open = _Open(i, self.count)
+        return out + self._content_to(len(s))
 
     def _generic(self, final: bool) -> list[Delta]:
-        rest = self.buf.strip()
-        if self.state == "start" and rest and not rest.startswith("{"):
-            self.state = "text"
+        """{"tool_calls": [call, ...]} streams its calls, {"response": "..."} its text; any other
+        reply is content, whole (until its opening says which, it may be either)."""
+        s, out = self.text, []
+        if self.state == "start":
+            opening = _generic_opening(s, _skip_ws(s, 0, len(s)))
+            if opening is None and not final:
+                return []
+            self.state, at = opening or ("text", 0)
+            self.kind, self.at = self.state, at + 1
         if self.state == "text":
-            return self._text(len(self.buf))
-        if not final:
-            return []  # a JSON reply is read whole
+            return self._content_to(len(s))
+        if self.kind == "response":  # read as it comes; what follows its string is nothing
+            return self._response(final) if self.state == "response" else []
+        while self.state == "tool_calls":  # at an element of the array, or inside one
+            if self.open is None:
+                i = _skip_ws(s, self.at, len(s))
+                if self.count and s.startswith(",", i):
+                    i = _skip_ws(s, i + 1, len(s))
+                if i >= len(s):
+                    break
+                if s[i] != "{":  # "]", or anything else: the array is over
+                    self.state = "over"
+                    break
+                self.open = _Open(i, self.count)
+                self.mark = self.at if self.count else i  # a repeat is cut at its comma
+            deltas, scan = self._call(self.open.start, len(s), self.mark)
+            out += deltas
+            if scan.invalid or (scan.end is not None and not self.open.named):
+                self.state, self.open = "over", None
+                break
+            if scan.end is None:
+                break
+            self.at, self.open = scan.end, None
+        if final:
+            if not self.count and self.state == "over":  # no call after all: the reply is text
+                self.state = "text"
+                return out + self._content_to(len(s))
+            self.pos = len(s)  # (cut before a call had its name: the wrapper is not content)
+        return out
+
+    def _response(self, final: bool) -> list[Delta]:
+        """The response string's characters as content, decoded as they come (a partial escape
+        held back)."""
+        s, j, text = self.text, self.at, []
+        while j < len(s) and s[j] != '"':
+            if s[j] != "\\":
+                text.append(s[j])
+                j += 1
+                continue
+            m = _ESCAPE.match(s, j)
+            if m is None:
+                if len(s) - j < 6 and not final:
+                    break  # an escape not yet whole
+                self.state = "over"  # not JSON: what came before stays
+                break
+            text.append(json.loads(f'"{m.group(0)}"'))
+            j = m.end()
+        self.at = j
+        if j < len(s) and s[j] == '"':
+            self.state = "over"
+        self.pos = len(s)
+        return self.content.push("".join(text))
+
+
+_ESCAPE = re.compile(r'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})')
+
+
+def _arguments(s: str, scan: _Scan) -> str:
+    """A complete call's arguments as JSON text: the model's own text of the object (re-serialised,
+    1e999 would become Infinity), a string's decoded text, or "{}" when there are none."""
+    if scan.args is None or scan.args_end is None:
+        return "{}" if scan.args is None else s[scan.args:]
+    raw = s[scan.args:scan.args_end]
+    if raw.startswith('"'):
         try:
-            obj, members = json.loads(rest), _members(rest, 0)
+            return json.loads(raw)
         except json.JSONDecodeError:
-            obj = members = None
-        if isinstance(obj, dict) and list(obj) == ["response"] and isinstance(obj["response"], str):
-            self.buf = ""
-            return self.content.push(obj["response"])
-        calls = None
-        if isinstance(obj, dict) and list(obj) == ["tool_calls"] and isinstance(obj["tool_calls"], list):
-            _, start, end = members[-1]
-            calls = [_call(rest[s:e], "arguments") for _, s, e in _members(rest, start)]
-        if not calls or None in calls:
-            return self._text(len(self.buf))
-        self.buf = ""
-        return [d for c in calls for d in self._emit(c)]
+            return raw
+    return raw
+
+
+def _generic_opening(s: str, i: int):
+    """How a generic reply opening at s[i] reads: ("tool_calls", index of its "["),
+    ("response", index of its string's quote), ("text", 0) when it is neither, or None while
+    the text does not say yet."""
+    n = len(s)
+    if i >= n:
+        return None
+    if s[i] != "{":
+        return ("text", 0)
+    j = _skip_ws(s, i + 1, n)
+    if j >= n:
+        return None
+    if s[j] != '"':
+        return ("text", 0)
+    k = j + 1
+    while k < n and s[k] not in '"\\':
+        k += 1
+    key = s[j + 1:k]
+    if not any(w.startswith(key) for w in ("tool_calls", "response")):
+        return ("text", 0)
+    if k >= n:
+        return None
+    if s[k] != '"' or key not in ("tool_calls", "response"):
+        return ("text", 0)
+    j = _skip_ws(s, k + 1, n)
+    if j < n and s[j] == ":":
+        j = _skip_ws(s, j + 1, n)
+    elif j < n:
+        return ("text", 0)
+    if j >= n:
+        return None
+    return (key, j) if s[j] == ("[" if key == "tool_calls" else '"') else ("text", 0)
+
+
+# Most calls one reply may hold when parallel calls are allowed: a small model can repeat itself.
+MAX_CALLS = 16
+
+
+class CallGuard:
+    """Ends a reply whose calls repeat: a call identical to an earlier one (the same name and
+    arguments, written with any whitespace), or one call too many (MAX_CALLS), and the reply is
+    cut where that call starts, as a stop string cuts it. Small models repeat their last call until max_tokens
+    (SmolLM2 does); agent frameworks leave parallel calls on (OpenAI's default). The generation
+    loop feeds it the reply's text and holds back, unsent, what it says may still be cut: the
+    text after the last call while the next could be a repeat, and a call while it is written
+    exactly as an earlier one was (so every other call's arguments still stream as written)."""
+
+    def __init__(self, format: str):
+        self.parser = StreamParser(format)
+
+    def feed(self, piece: str) -> None:
+        self.parser.feed(piece)
+
+    def cut(self) -> int | None:
+        """Where the reply ends, if it must: the start of a repeated call, or of one too many."""
+        p, calls = self.parser, self.parser.calls
+        for k, c in enumerate(calls):
+            if k >= MAX_CALLS or any(self._body(e) == self._body(c) for e in calls[:k]):
+                return c.mark
+        if p.open is not None and not p.open.complete and len(calls) >= MAX_CALLS:
+            return p.open.mark
+        return None
+
+    def hold(self) -> int:
+        """Where the text that may still be cut starts (its length: none)."""
+        p, s = self.parser, self.parser.text
+        if not p.calls:
+            return len(s)
+        if p.open is not None and not p.open.complete:
+            so_far = _squeeze(s[p.open.start:])
+            may_repeat = any(self._body(c).startswith(so_far) for c in p.calls)
+            return p.open.mark if may_repeat else len(s)
+        after = p.calls[-1].end
+        tail = s[after:].strip(" \t\n\r")
+        if p.format == "hermes":
+            more = OPEN.startswith(tail[:len(OPEN)]) or tail.startswith(CLOSE) and OPEN.startswith(
+                tail[len(CLOSE):].strip(" \t\n\r")[:len(OPEN)])
+        elif p.format == "llama3":
+            more = p.state != "text" and (not tail or tail.startswith(";"))
+        else:
+            more = p.state == "tool_calls" and (not tail or tail.startswith(","))
+        return after if more else len(s)
+
+    def _body(self, call: Call) -> str:
+        return _squeeze(self.parser.text[call.start:call.end])
+
+
+def _squeeze(json_text: str) -> str:
+    """JSON text (or the start of it) without the whitespace between its tokens."""
+    out, i, n = [], 0, len(json_text)
+    while i < n:
+        c = json_text[i]
+        if c == '"':
+            try:
+                j = _string_end(json_text, i, n)
+            except _Incomplete:
+                j = n
+            out.append(json_text[i:j])
+            i = j
+        else:
+            if c not in _SPACE:
+                out.append(c)
+            i += 1
+    return "".join(out)
 
 
 # -- grammars (llguidance Lark, for constrain.Grammars.compile(lark=...)) -------------------------

@@ -262,15 +262,18 @@ def test_schemas_as_pydantic_writes_them_end(tool_model_dir):
 
 # -- tool calls ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("which", ["tiny", "real"])
-def test_tool_choice_required_and_named(which, request):
+@pytest.mark.parametrize("parallel", [False, True])
+def test_tool_choice_required_and_named(which, parallel, request):
+    """With parallel calls allowed (OpenAI's default, what agent frameworks send), these models
+    repeat their last call until max_tokens (SmolLM2 does): the repeat ends the reply."""
     client, engine = request.getfixturevalue(which)
     assert engine.tool_format == ("hermes" if which == "tiny" else "generic")
-    # These models never stop calling while parallel calls are allowed (SmolLM2 repeats its
-    # last call): one call, then EOS.
     r = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
-                                       temperature=0, max_tokens=400, parallel_tool_calls=False)
+                                       temperature=0, max_tokens=400, parallel_tool_calls=parallel)
     assert r.choices[0].finish_reason == "tool_calls"
     check_calls(r.choices[0].message, {"get_weather", "get_time"})
+    calls = [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls]
+    assert len(calls) == len(set(calls)) and (parallel or len(calls) == 1)
     r = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, temperature=0, max_tokens=400,
                                        tool_choice={"type": "function", "function": {"name": "get_time"}})
     check_calls(r.choices[0].message, {"get_time"})
@@ -278,11 +281,12 @@ def test_tool_choice_required_and_named(which, request):
 
 
 @pytest.mark.parametrize("which", ["tiny", "real"])
-@pytest.mark.parametrize("choice", ["required", "auto"])
-def test_streamed_calls_concatenate_to_the_whole_reply(which, choice, request):
+@pytest.mark.parametrize("choice,parallel", [("required", False), ("auto", False), ("required", True),
+                                             ("auto", True)])
+def test_streamed_calls_concatenate_to_the_whole_reply(which, choice, parallel, request):
     client, _ = request.getfixturevalue(which)
     body = dict(model="m", messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=400,
-                parallel_tool_calls=False)
+                parallel_tool_calls=parallel)
     whole = client.chat.completions.create(**body).choices[0]
     content, calls, finish = streamed(client, **body)
     assert finish == whole.finish_reason
@@ -292,6 +296,37 @@ def test_streamed_calls_concatenate_to_the_whole_reply(which, choice, request):
     if calls:
         for _, name, arguments in calls:
             jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_max_tokens_is_a_call(tiny, stream):
+    """Forced calls cut by max_tokens come back as calls with what was generated, finish_reason
+    length, and nothing of the call's wrapper in the content."""
+    client, engine = tiny
+    body = dict(model="m", messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                temperature=0, max_tokens=75)  # this model: inside the arguments' object
+    if stream:
+        content, calls, finish = streamed(client, **body)
+        calls = [(n, a) for _, n, a in calls]
+    else:
+        r = client.chat.completions.create(**body).choices[0]
+        content, finish = r.message.content or "", r.finish_reason
+        calls = [(c.function.name, c.function.arguments) for c in r.message.tool_calls or ()]
+    assert finish == "length" and "tool_call" not in content and '"name"' not in content
+    assert [n for n, _ in calls] == ["get_weather"]
+    assert calls[0][1].startswith("{") and not calls[0][1].rstrip().endswith("}")
+
+
+def test_arguments_stream_in_fragments(tiny):
+    client, _ = tiny
+    fragments = []
+    for chunk in client.chat.completions.create(
+            stream=True, model="m", messages=ASK, tools=TOOLS, temperature=0, max_tokens=400,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}}):
+        for tc in chunk.choices[0].delta.tool_calls or () if chunk.choices else ():
+            if tc.function.arguments:
+                fragments.append(tc.function.arguments)
+    assert len(fragments) > 3 and json.loads("".join(fragments))["city"] in ("Paris", "Rome", "Oslo")
 
 
 def test_auto_calls_once_the_model_opens_a_call(tiny, monkeypatch):

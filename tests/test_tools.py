@@ -121,8 +121,11 @@ def test_parse_hermes():
            '</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
     assert calls_of(two, "hermes") == ("Let me look.", [("get_weather", {"city": "東京"}),
                                                         ("add", {"a": 1, "b": 2})])
-    bad = 'x <tool_call>{"name": "add", "arguments": {"a": 1</tool_call> y'
-    assert calls_of(bad, "hermes") == (bad, [])
+    bad = 'x <tool_call>{"name": "add", "arguments": {"a": 1</tool_call> y'  # cut: still a call
+    content, calls = T.parse("hermes", bad)
+    assert content == "x  y" and [(c.name, c.arguments) for c in calls] == [("add", '{"a": 1')]
+    not_a_call = 'x <tool_call>{"a": 1}</tool_call> y'
+    assert calls_of(not_a_call, "hermes") == (not_a_call, [])
     unclosed = 'ok <tool_call>\n{"name": "add", "arguments": {"a": 1}}'
     assert calls_of(unclosed, "hermes") == ("ok", [("add", {"a": 1})])
     as_string = '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>'
@@ -137,9 +140,10 @@ def test_parse_llama3():
     assert calls_of(one, "llama3") == ("", [("get_weather", {"city": "Paris"})])
     two = '<|python_tag|>{"name": "add", "parameters": {"a": 1}}; {"name": "add", "parameters": {"a": 3}}'
     assert calls_of(two, "llama3") == ("", [("add", {"a": 1}), ("add", {"a": 3})])
-    for text in ["The answer is 42.", '{"not": "a call"}', '{"name": "add", "parameters": {"a": 1',
-                 "<|python"]:
+    for text in ["The answer is 42.", '{"not": "a call"}', "<|python"]:
         assert calls_of(text, "llama3") == (text, [])
+    cut = T.parse("llama3", '{"name": "add", "parameters": {"a": 1')  # cut by max_tokens: a call
+    assert cut[0] == "" and [(c.name, c.arguments) for c in cut[1]] == [("add", '{"a": 1')]
     assert calls_of(one + " and more", "llama3") == ("and more", [("get_weather", {"city": "Paris"})])
 
 
@@ -148,9 +152,11 @@ def test_parse_generic():
              ' {"name": "search", "arguments": {"query": "x"}}]}')
     assert calls_of(calls, "generic") == ("", [("add", {"a": 1, "b": 2}), ("search", {"query": "x"})])
     assert calls_of(' {"response": "Hello there"} ', "generic") == ("Hello there", [])
-    for text in ["plain text", '{"tool_calls": [{"name": 3}]}', '{"tool_calls": []}', '{"response": "x"',
-                 '{"a": 1}']:
+    assert calls_of('{"response": "line\\nnext \\u00e9"}', "generic") == ("line\nnext é", [])
+    for text in ["plain text", '{"tool_calls": [{"name": 3}]}', '{"tool_calls": []}', '{"a": 1}',
+                 '{"tool_calls": "nope"}', '{"response": 5}']:
         assert calls_of(text, "generic") == (text, [])
+    assert calls_of('{"response": "cut sh', "generic") == ("cut sh", [])  # cut: what was written
 
 
 TEXTS = {
@@ -373,3 +379,111 @@ def test_grammars_are_valid_for_every_format_and_choice(grammars):
             for lark in (T.auto_grammar(fmt, TOOLS, parallel), T.required_grammar(fmt, TOOLS, parallel),
                          T.named_grammar(fmt, TOOLS[0])):
                 g.compile(lark=lark)  # raises if llguidance refuses it
+
+
+# -- streaming fragment by fragment, cut calls, repeated calls -----------------------------------
+ONE_CALL = {
+    "hermes": ('Sure. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": [2, 3], "s": "x}y"}}\n</tool_call>',
+               "add", '{"a": 1, "b": [2, 3], "s": "x}y"}'),
+    "llama3": ('<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": [2, 3], "s": "x}y"}}',
+               "add", '{"a": 1, "b": [2, 3], "s": "x}y"}'),
+    "generic": ('{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": [2, 3], "s": "x}y"}}]}',
+                "add", '{"a": 1, "b": [2, 3], "s": "x}y"}'),
+}
+
+
+@pytest.mark.parametrize("fmt", T.FORMATS)
+def test_arguments_stream_as_they_are_generated(fmt):
+    """Fed a character at a time, the call's name goes out once it is whole and its arguments
+    in fragments that arrive before the call is complete (instructor's partial objects are
+    built from these)."""
+    text, name, args = ONE_CALL[fmt]
+    p = T.StreamParser(fmt)
+    fragments, complete_at = [], None
+    for i, ch in enumerate(text):
+        for d in p.feed(ch):
+            if d.name is not None:
+                assert d.name == name and d.arguments == "" and text[:i + 1].endswith('"add"')
+            elif d.index is not None:
+                fragments.append((i, d.arguments))
+        if p.calls and complete_at is None:
+            complete_at = i
+    fragments += [(len(text), d.arguments) for d in p.finish() if d.index is not None]
+    assert "".join(f for _, f in fragments) == args
+    assert len(fragments) > 10 and fragments[0][0] < complete_at  # streamed, not sent whole
+    assert [(c.name, c.arguments) for c in p.calls] == [(name, args)]
+
+
+@pytest.mark.parametrize("fmt", T.FORMATS)
+def test_a_call_cut_by_max_tokens_is_still_a_call(fmt):
+    text, name, args = ONE_CALL[fmt]
+    cut = text[:text.index('"b"')]  # inside the arguments
+    content, calls = T.parse(fmt, cut)
+    assert [(c.name, c.arguments) for c in calls] == [(name, '{"a": 1, ')]
+    assert "tool_call" not in content and "name" not in content
+    before_name = text[:text.index('"add"') + 3]  # the name not yet whole: no call, no wrapper
+    content, calls = T.parse(fmt, before_name)
+    assert calls == [] and content in ("", "Sure.")
+
+
+REPEATS = {
+    "hermes": '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
+              '<tool_call>\n{"name": "f", "arguments": {"x": 2}}\n</tool_call>\n'
+              '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n{"name"',
+    "llama3": '{"name": "f", "parameters": {"x": 1}}; {"name": "f", "parameters": {"x": 2}}; '
+              '{"name": "f", "parameters": {"x": 1}}; {"name"',
+    "generic": '{"tool_calls": [{"name": "f", "arguments": {"x": 1}}, {"name": "f", "arguments": {"x": 2}}, '
+               '{"name": "f", "arguments": {"x": 1}}, {"name"',
+}
+
+
+@pytest.mark.parametrize("fmt", T.FORMATS)
+def test_a_repeated_call_ends_the_reply_where_it_starts(fmt):
+    """Fed the reply a character at a time, as the loop does: the guard says where to cut at
+    the third call (the first's twin), and never held back less than that: nothing of the
+    repeat was ever sent. What is left parses to the two distinct calls."""
+    text = REPEATS[fmt]
+    guard, cut_at = T.CallGuard(fmt), None
+    sendable = 0
+    for i, ch in enumerate(text):
+        guard.feed(ch)
+        cut_at = guard.cut()
+        if cut_at is not None:
+            break
+        sendable = max(sendable, guard.hold())
+    assert cut_at is not None and sendable <= cut_at
+    content, calls = T.parse(fmt, text[:cut_at])
+    assert content == "" and [c.arguments for c in calls] == ['{"x": 1}', '{"x": 2}']
+
+
+def test_distinct_calls_stream_while_a_possible_repeat_is_held():
+    """A call written exactly as an earlier one is held only while it could still be its twin:
+    once it differs, all of it may go out."""
+    guard = T.CallGuard("hermes")
+    first = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
+    for ch in first + '<tool_call>\n{"name": "f", "arguments": {"x": ':
+        guard.feed(ch)
+    assert guard.hold() == len(first)  # so far the twin of the first: held from its tag
+    guard.feed("2")
+    assert guard.hold() == len(guard.parser.text)  # differs: nothing held
+
+
+def test_at_most_max_calls(monkeypatch):
+    monkeypatch.setattr(T, "MAX_CALLS", 3)
+    text = "".join(f'<tool_call>{{"name": "f", "arguments": {{"x": {i}}}}}</tool_call>' for i in range(5))
+    guard = T.CallGuard("hermes")
+    for ch in text:
+        guard.feed(ch)
+        if guard.cut() is not None:
+            break
+    assert len(T.parse("hermes", text[:guard.cut()])[1]) == 3
+
+
+def test_a_repeat_in_other_whitespace_is_a_repeat():
+    first = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
+    again = '<tool_call>\n{\n  "name":"f",\n "arguments" : {"x":1} }\n</tool_call>'
+    guard = T.CallGuard("hermes")
+    for ch in first + again:
+        guard.feed(ch)
+        assert guard.hold() <= len(first) or guard.cut() is not None
+    assert guard.cut() == len(first)

@@ -86,7 +86,7 @@ class Request(BaseModel):
         return given or None
 
     def options(self, defaults: SamplingDefaults, max_tokens: int, logprobs: bool, top_logprobs: int,
-                grammar=None) -> Options:
+                grammar=None, tool_format: str | None = None) -> Options:
         """The sampler settings: what the request sets, over the model's defaults (its
         generation config, else llama.cpp's), as vLLM and llama.cpp's server do."""
         bias = []
@@ -99,7 +99,8 @@ class Request(BaseModel):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return Options(max_tokens=max_tokens, sampling=sampling, stop=stop,
                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                       logit_bias=tuple(bias), logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar)
+                       logit_bias=tuple(bias), logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar,
+                       tool_format=tool_format)
 
     @property
     def include_usage(self) -> bool:
