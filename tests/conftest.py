@@ -49,7 +49,7 @@ def llama_dir(tmp_path_factory) -> Path:
 
 
 # -- markers: what a test needs, so that a change can run the tests it touches first ---------------
-REAL_MODEL_MODULES = {"test_real_model", "test_real_gemma", "test_first_minutes"}
+REAL_MODEL_MODULES = {"test_real_model", "test_real_gemma", "test_first_minutes", "test_frameworks"}
 REAL_MODEL_FIXTURES = {"real", "gguf_path", "gemma_path", "smollm2"}
 TRITON_MODULES = {"test_triton_decode", "test_gpu_backend", "test_gpu_bench"}
 
