@@ -314,7 +314,7 @@ def cmd_generate(args) -> int:
             # A program reads this: the reply goes out whole, or not at all when it is cut.
             for _ in stream:
                 pass
-            if stream.result.stop_reason not in CUT:
+            if stream.result.stop_reason == "eos":
                 print(stream.result.text, flush=True)
         else:
             for piece in stream:
@@ -325,18 +325,18 @@ def cmd_generate(args) -> int:
         print(format_stats(stream.result), file=sys.stderr)
         if args.trace:
             print(engine.ops.format_histogram(), file=sys.stderr)
-        if constrained and stream.result.stop_reason in CUT:
+        if constrained and stream.result.stop_reason != "eos":  # (the grammar's end is an EOS)
             what = "JSON" if args.json_schema is not None else "reply the grammar asks for"
             print(f"error: the {what} is incomplete: the reply was cut at {stream.result.generated_tokens} "
-                  f"tokens ({CUT[stream.result.stop_reason]}) before it ended; raise it and ask again",
-                  file=sys.stderr)
+                  f"tokens ({CUT[stream.result.stop_reason]}) before it ended", file=sys.stderr)
             return 1
     finally:
         engine.close()
     return 0
 
 
-CUT = {"length": "--max-tokens", "context": "the end of the context: --ctx-size"}
+CUT = {"length": "by --max-tokens: raise it and ask again",
+       "context": "by the end of the context: raise --ctx-size", "stop": "by a --stop string"}
 
 
 def cmd_chat(args) -> int:

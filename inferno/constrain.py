@@ -43,45 +43,97 @@ _SCHEMA_ONE = ("items", "additionalProperties", "additionalItems", "unevaluatedP
                "unevaluatedItems", "contains", "not", "if", "then", "else", "propertyNames")
 
 
-def json_defaults(schema, _in_all_of: bool = False):
+def json_defaults(schema):
     """A JSON Schema as inferno constrains replies to it (a new one; the given one is not
     changed), so that a reply that may end does:
-    - an object that lists its `properties` and says nothing of others is closed
-      (`additionalProperties: false`), as llama.cpp's converter and vLLM's guided decoding
-      (xgrammar's strict mode) read it, and as OpenAI's strict mode requires it to be written.
-      Pydantic, zod and hand-written schemas leave the key out; open, a small model invents
-      keys without end. `"additionalProperties": true` (or a schema) keeps an object open. The
-      parts of an `allOf` are left as they are: each lists only some of the properties.
-    - an integer or number without bounds gets NUMBER_BOUNDS, a number without a `multipleOf`
-      FRACTION_STEP; a bound the schema gives is kept.
+    - an object that lists its `properties`, all of them the only keys it may have, and says
+      nothing of others is closed (`additionalProperties: false`), as llama.cpp's converter
+      and vLLM's guided decoding (xgrammar's strict mode) read it, and as OpenAI's strict mode
+      requires it to be written. Pydantic, zod and hand-written schemas leave the key out; open,
+      a small model invents keys without end. `"additionalProperties": true` (or a schema) keeps
+      an object open. An object composed with others stays as written, since each part lists
+      only some of the keys: one with a `$ref`, `allOf`, `anyOf`, `oneOf` or `dependentSchemas`
+      beside its properties, or `required` keys it does not list, the parts of such a
+      composition, and the definitions an `allOf` or such an object refers to.
+    - an integer or number without a bound gets one 10^16 - 1 away (NUMBER_BOUNDS, or the
+      other bound's value moved by that much), and a number without a `multipleOf`
+      FRACTION_STEP where its range is wider than 1e-3; a bound the schema gives is kept.
     """
-    if isinstance(schema, list):
-        return [json_defaults(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
+    if isinstance(schema, dict):
+        return _defaults(schema, _composed_refs(schema), False)
+    return schema
+
+
+def _defaults(node, composed: set[str], open_: bool):
+    """json_defaults of one subschema; `open_`: a part of a composition, not to be closed."""
+    if isinstance(node, list):
+        return [_defaults(s, composed, open_) for s in node]
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    composes = bool(_COMPOSING & set(out)) and "properties" in out
     for key in _SCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {k: json_defaults(v) for k, v in out[key].items()}
+            out[key] = {k: _defaults(v, composed, key in ("$defs", "definitions") and
+                                     f"#/{key}/{k}" in composed) for k, v in out[key].items()}
     for key in _SCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [json_defaults(s, key == "allOf") for s in out[key]]
+            out[key] = [_defaults(s, composed, key == "allOf" or composes) for s in out[key]]
     for key in _SCHEMA_ONE:
         if isinstance(out.get(key), (dict, list)):
-            out[key] = json_defaults(out[key])
+            out[key] = _defaults(out[key], composed, False)
     types = out.get("type")
     types = set(types) if isinstance(types, list) else {types}
-    if ("object" in types or "type" not in out) and "properties" in out and not _in_all_of and not (
-            {"additionalProperties", "patternProperties", "unevaluatedProperties"} & set(out)):
+    listed = set(out.get("properties") or ())
+    if (("object" in types or "type" not in out) and "properties" in out and not open_ and not composes
+            and set(out.get("required") or ()) <= listed
+            and not {"additionalProperties", "patternProperties", "unevaluatedProperties"} & set(out)):
         out["additionalProperties"] = False
     if types & {"integer", "number"} and not {"enum", "const"} & set(out):
-        if not {"minimum", "exclusiveMinimum"} & set(out):
-            out["minimum"] = NUMBER_BOUNDS["minimum"]
-        if not {"maximum", "exclusiveMaximum"} & set(out):
-            out["maximum"] = NUMBER_BOUNDS["maximum"]
-        if "number" in types and "multipleOf" not in out:
-            out["multipleOf"] = FRACTION_STEP
+        _bound(out, "number" in types)
     return out
+
+
+# Keywords beside `properties` that make an object a composition of parts.
+_COMPOSING = {"$ref", "allOf", "anyOf", "oneOf", "dependentSchemas"}
+
+
+def _composed_refs(schema: dict) -> set[str]:
+    """The $refs that point at a part of a composition: a member of an `allOf`, or beside
+    `properties` (draft 2019's sibling $ref)."""
+    found: set[str] = set()
+
+    def walk(node, in_all_of=False):
+        if isinstance(node, list):
+            for s in node:
+                walk(s, in_all_of)
+        elif isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and (in_all_of or "properties" in node):
+                found.add(ref)
+            for key, value in node.items():
+                walk(value, key == "allOf")
+    walk(schema)
+    return found
+
+
+def _bound(out: dict, number: bool) -> None:
+    """NUMBER_BOUNDS for the bounds an integer or number lacks, FRACTION_STEP for a number."""
+    step = NUMBER_BOUNDS["maximum"]
+    low = next((out[k] for k in ("minimum", "exclusiveMinimum") if _is_number(out.get(k))), None)
+    high = next((out[k] for k in ("maximum", "exclusiveMaximum") if _is_number(out.get(k))), None)
+    if number and any(b is not None and abs(b) > step for b in (low, high)):
+        return  # beyond what a float range llguidance can write as digits: left as given
+    if low is None and "minimum" not in out:  # (a draft-4 boolean exclusiveMinimum needs its minimum)
+        low = out["minimum"] = min(-step, high - step) if high is not None else -step
+    if high is None and "maximum" not in out:
+        high = out["maximum"] = max(step, low + step) if low is not None else step
+    if number and "multipleOf" not in out and (low is None or high is None or high - low > 1e-3):
+        out["multipleOf"] = FRACTION_STEP
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # response_format json_object: any JSON object, its numbers bounded as json_defaults bounds them.

@@ -142,14 +142,6 @@ def parse(format: str, text: str) -> tuple[str, list[ToolCall]]:
 
 
 # -- a call object read as it streams --------------------------------------------------------------
-class _Incomplete(Exception):
-    """The text ends inside what is being read."""
-
-
-class _Invalid(Exception):
-    """The text cannot be a call object."""
-
-
 _LITERAL = re.compile(r"-?[0-9][0-9.eE+-]*|true|false|null")
 _SPACE = " \t\n\r"
 
@@ -160,121 +152,131 @@ def _skip_ws(s: str, i: int, end: int) -> int:
     return i
 
 
-def _string_end(s: str, i: int, end: int) -> int:
-    """The index past the JSON string that opens at s[i]."""
-    j = i + 1
-    while j < end:
-        if s[j] == "\\":
-            j += 2
-        elif s[j] == '"':
-            return j + 1
-        else:
-            j += 1
-    raise _Incomplete
+class _Reader:
+    """A call object ({"name": ..., "arguments" or "parameters": ...}) read as its text grows:
+    each character once, the reading resumed where the last feed stopped. What it has found:
+    the name (once its string is whole), where the arguments' value starts and ends, where the
+    object ends; `invalid`: the text cannot be a call; `cut_at`: where a `close` tag outside
+    any string ended the text before the object did (hermes' </tool_call>)."""
 
+    def __init__(self, start: int, close: str | None = None):
+        self.i, self.close = start, close
+        self.mode = "open"  # open, key, colon, value, after
+        self.token: int | None = None  # where the key or value being read starts
+        self.depth = 0  # brackets open inside the value
+        self.in_string = self.escape = False
+        self.key: str | None = None
+        self.name: str | None = None
+        self.args: int | None = None
+        self.args_end: int | None = None
+        self.end: int | None = None
+        self.invalid = False
+        self.cut_at: int | None = None
 
-def _value_end(s: str, i: int, end: int) -> int:
-    """The index past the JSON value at s[i] (objects and arrays by their brackets)."""
-    if i >= end:
-        raise _Incomplete
-    if s[i] == '"':
-        return _string_end(s, i, end)
-    if s[i] in "{[":
-        depth, j = 0, i
-        while j < end:
-            c = s[j]
-            if c == '"':
-                j = _string_end(s, j, end)
+    @property
+    def done(self) -> bool:
+        return self.end is not None or self.invalid or self.cut_at is not None
+
+    def read(self, s: str, end: int) -> None:
+        """Read on as far as s[:end]; a tag that may be `close` at the end waits for the rest."""
+        i = self.i
+        while i < end and not self.done:
+            c = s[i]
+            if self.in_string:  # a key's or a value's string: only its end matters
+                if self.escape:
+                    self.escape = False
+                elif c == "\\":
+                    self.escape = True
+                elif c == '"':
+                    self.in_string = False
+                    if self.depth == 0:
+                        self._token_done(s, i + 1)
+                i += 1
                 continue
-            if c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    return j + 1
-            j += 1
-        raise _Incomplete
-    m = _LITERAL.match(s, i, end)
-    if not m:
-        raise _Invalid
-    if m.end() == end:  # a number may go on
-        raise _Incomplete
-    return m.end()
+            if self.close and c == self.close[0] and self.close.startswith(s[i:i + len(self.close)]):
+                if s.startswith(self.close, i):
+                    self.cut_at = i
+                break  # the tag, or perhaps the tag: wait for the rest
+            if self.mode == "value" and self.token is not None:  # inside a value
+                if c == '"':
+                    self.in_string = True
+                elif c in "{[":
+                    self.depth += 1
+                elif c in "}]" and self.depth:
+                    self.depth -= 1
+                    if self.depth == 0:
+                        self._token_done(s, i + 1)
+                elif self.depth == 0 and (c in _SPACE or c in ",}"):
+                    self._literal_done(s, i)
+                    continue  # the delimiter is read again, as what follows the value
+                i += 1
+                continue
+            if c in _SPACE:
+                i += 1
+                continue
+            if self.mode == "open":
+                self.mode, self.invalid = "key", c != "{"
+            elif self.mode == "key":
+                if c == "}":
+                    self.end = i + 1
+                elif c == '"':
+                    self.token, self.in_string = i, True
+                else:
+                    self.invalid = True
+            elif self.mode == "colon":
+                self.mode, self.invalid = "value", c != ":"
+            elif self.mode == "value":  # a value starts
+                self.token = i
+                if self.key in ("arguments", "parameters") and self.args is None:
+                    self.args = i
+                if self.key == "name" and self.name is None and c != '"':
+                    self.invalid = True
+                elif c == '"':
+                    self.in_string = True
+                elif c in "{[":
+                    self.depth = 1
+                elif not (c == "-" or c.isdigit() or c in "tfn"):
+                    self.invalid = True
+            elif self.mode == "after":
+                if c == "}":
+                    self.end = i + 1
+                elif c == ",":
+                    self.mode = "key"
+                else:
+                    self.invalid = True
+            i += 1
+        self.i = i
 
+    def _literal_done(self, s: str, i: int) -> None:
+        if _LITERAL.fullmatch(s, self.token, i):
+            self._token_done(s, i)
+        else:
+            self.invalid = True
 
-@dataclass
-class _Scan:
-    """What a call object holds so far: its name (once its string is whole), where its
-    arguments' value starts and ends, where the object ends; `invalid`: it cannot be a call."""
-    name: str | None = None
-    args: int | None = None
-    args_end: int | None = None
-    end: int | None = None
-    invalid: bool = False
-
-
-def _scan_call(s: str, i: int, end: int) -> _Scan:
-    """The call object ({"name": ..., "arguments" or "parameters": ...}) opening at s[i], read
-    as far as s[:end] goes."""
-    out = _Scan()
-    try:
-        if i >= end:
-            raise _Incomplete
-        if s[i] != "{":
-            raise _Invalid
-        j = _skip_ws(s, i + 1, end)
-        while True:
-            if j >= end:
-                raise _Incomplete
-            if s[j] == "}":
-                out.end = j + 1
-                return out
-            if s[j] != '"':
-                raise _Invalid
-            k = _string_end(s, j, end)
-            key = json.loads(s[j:k])
-            j = _skip_ws(s, k, end)
-            if j >= end:
-                raise _Incomplete
-            if s[j] != ":":
-                raise _Invalid
-            j = _skip_ws(s, j + 1, end)
-            if key in ("arguments", "parameters") and out.args is None:
-                if j < end:
-                    out.args = j
-                v = _value_end(s, j, end)
-                out.args_end = v
-            elif key == "name" and out.name is None:
-                if j < end and s[j] != '"':
-                    raise _Invalid
-                v = _string_end(s, j, end)
-                out.name = json.loads(s[j:v])
-            else:
-                v = _value_end(s, j, end)
-            j = _skip_ws(s, v, end)
-            if j >= end:
-                raise _Incomplete
-            if s[j] == ",":
-                j = _skip_ws(s, j + 1, end)
-            elif s[j] != "}":
-                raise _Invalid
-    except _Incomplete:
-        return out
-    except (_Invalid, json.JSONDecodeError):
-        out.invalid = True
-        return out
+    def _token_done(self, s: str, end: int) -> None:
+        """The key or the value that started at `token` ends at `end`."""
+        start, self.token = self.token, None
+        if self.mode == "key":
+            self.key, self.mode = json.loads(s[start:end]), "colon"
+            return
+        if self.key == "name" and self.name is None:
+            self.name = json.loads(s[start:end])
+        elif start == self.args and self.args_end is None:
+            self.args_end = end
+        self.mode, self.key = "after", None
 
 
 @dataclass
 class _Open:
-    """A call being streamed: where its object starts in the text, its index among the calls,
-    and how much of its arguments has gone out."""
-    start: int  # the object's "{" (hermes: the first character after <tool_call>)
+    """A call being streamed: its reader, its index among the calls, where its text starts
+    (its tag or separator: where a reply would be cut), and how much of its arguments is out."""
+    reader: _Reader
+    start: int  # where its object's reading starts (hermes: right after <tool_call>)
     index: int
-    mark: int = 0  # where its text starts: its tag or separator, where a reply would be cut
+    mark: int
     id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))
     named: bool = False
-    sent: int | None = None  # arguments sent up to here (raw text arguments)
+    sent: int | None = None  # raw arguments sent up to here
     done: bool = False  # its arguments are all out
     complete: bool = False  # its object is whole (in `calls`)
 
@@ -315,6 +317,7 @@ class StreamParser:
     Content that may be the start of a call is held back until it is known not to be. A reply
     cut in the middle of a call (max_tokens) still has the call, with the arguments written so
     far; a call cut before its name is whole is dropped: the wrapper never reaches content.
+    Each character is read once (a call's _Reader resumes where the last piece ended).
 
     `calls` lists each call as it completes: what CallGuard reads to end a reply at a
     repeated call."""
@@ -330,8 +333,9 @@ class StreamParser:
         self.count = 0  # calls named so far
         self.calls: list[Call] = []  # the complete calls
         self.content = _Content()
-        self.at = 0  # generic: where its array's next element, or its response string, is read
+        self.at = 0  # where the current call's text starts; generic: where its array is read
         self.kind = None  # generic: "tool_calls", "response" or "text", once the opening says
+        self.high = ""  # generic: a response's high surrogate escape, waiting for its pair
 
     def feed(self, piece: str) -> list[Delta]:
         self.text += piece
@@ -345,35 +349,32 @@ class StreamParser:
         text, self.pos = self.text[self.pos:upto], max(self.pos, upto)
         return self.content.push(text)
 
-    def _call(self, start: int, end: int, mark: int) -> tuple[list[Delta], _Scan]:
-        """Read the call object at `start` as far as `end`: the deltas it makes known now (its
-        id and name, then arguments), and its scan. `mark` is where its text starts (a tag,
-        a separator), for `calls`."""
+    def _call(self, start: int, end: int, mark: int, close: str | None = None) -> list[Delta]:
+        """Read on the call object at `start` as far as `end`: the deltas it makes known now
+        (its id and name, then arguments). `mark` is where its text starts, for `calls`."""
         if self.open is None or self.open.start != start:
-            self.open = _Open(start, self.count)
+            self.open = _Open(_Reader(start, close), start, self.count, mark)
         call, s = self.open, self.text
-        call.mark = mark
-        scan, out = _scan_call(s, start, end), []
-        if not call.named and scan.name is not None:
+        rd, out = call.reader, []
+        rd.read(s, end)
+        if not call.named and rd.name is not None:
             call.named, self.count = True, self.count + 1
-            out.append(Delta(index=call.index, id=call.id, name=scan.name, arguments=""))
-        if not call.named:
-            return out, scan
-        if call.done:
+            out.append(Delta(index=call.index, id=call.id, name=rd.name, arguments=""))
+        if not call.named or call.done:
             pass
-        elif scan.args is not None and s[scan.args] != '"':  # raw JSON: as it comes
-            upto = scan.args_end if scan.args_end is not None else end
-            start_at = scan.args if call.sent is None else call.sent
-            if upto > start_at:
-                out.append(Delta(index=call.index, arguments=s[start_at:upto]))
-            call.sent, call.done = max(start_at, upto), scan.args_end is not None
-        elif scan.args_end is not None or (scan.args is None and scan.end is not None):
-            out.append(Delta(index=call.index, arguments=_arguments(s, scan)))  # whole
+        elif rd.args is not None and s[rd.args] != '"':  # raw JSON: as it comes
+            upto = rd.args_end if rd.args_end is not None else (rd.cut_at if rd.cut_at is not None else rd.i)
+            from_ = rd.args if call.sent is None else call.sent
+            if upto > from_:
+                out.append(Delta(index=call.index, arguments=s[from_:upto].rstrip(_SPACE) if rd.cut_at else s[from_:upto]))
+            call.sent, call.done = max(from_, upto), rd.args_end is not None
+        elif rd.args_end is not None or (rd.args is None and rd.end is not None):
+            out.append(Delta(index=call.index, arguments=_arguments(s, rd)))  # whole
             call.done = True
-        if call.done and scan.end is not None and not call.complete:
+        if call.done and rd.end is not None and not call.complete:
             call.complete = True
-            self.calls.append(Call(mark, start, scan.end, scan.name, _arguments(s, scan)))
-        return out, scan
+            self.calls.append(Call(mark, start, rd.end, rd.name, _arguments(s, rd)))
+        return out
 
     # -- the formats -------------------------------------------------------------------------------
     def _hermes(self, final: bool) -> list[Delta]:
@@ -382,40 +383,56 @@ class StreamParser:
             if self.state != "call":
                 i = s.find(OPEN, self.pos)
                 if i < 0:  # hold back a tail that could start <tool_call>
-                    longest = min(len(OPEN) - 1, len(s) - self.pos)
-                    keep = next((k for k in range(longest, 0, -1) if OPEN.startswith(s[len(s) - k:])), 0)
-                    return out + self._content_to(len(s) - (0 if final else keep))
+                    keep = 0 if final else _tag_tail(s, self.pos, OPEN)
+                    return out + self._content_to(len(s) - keep)
                 out += self._content_to(i)
                 self.state, self.at = "call", i
-            # The call's body ends at </tool_call>, or where the text does.
-            close = s.find(CLOSE, self.at + len(OPEN))
-            body_end = close if close >= 0 else len(s)
-            deltas, scan = self._call(_skip_ws(s, self.at + len(OPEN), body_end), body_end, self.at)
-            out += deltas
-            if close < 0 and not final:
+            out += self._call(self.at + len(OPEN), len(s), self.at, CLOSE)
+            call, rd = self.open, self.open.reader
+            if rd.end is not None:  # the object is whole: then whitespace and </tool_call>
+                j = _skip_ws(s, rd.end, len(s))
+                if s.startswith(CLOSE, j):
+                    after = j + len(CLOSE)
+                elif j < len(s) and not CLOSE.startswith(s[j:j + len(CLOSE)]):
+                    after = j  # no closing tag: what follows is text
+                elif final:
+                    after = len(s)
+                else:
+                    return out
+            elif rd.cut_at is not None:  # </tool_call> before the object ended
+                after = rd.cut_at + len(CLOSE)
+            elif rd.invalid:
+                close = s.find(CLOSE, rd.i)
+                if close < 0 and not final:
+                    return out
+                after = close + len(CLOSE) if close >= 0 else len(s)
+            elif final:
+                after = len(s)  # cut inside the call
+            else:
                 return out
-            if not self.open.named and (close >= 0 or scan.invalid):  # not a call: it was text
-                out += self.content.push(s[self.at:close + len(CLOSE) if close >= 0 else len(s)])
-            self.pos = close + len(CLOSE) if close >= 0 else len(s)
-            self.state, self.open = "text", None
-            if close < 0:
+            if not call.named and rd.done:  # not a call, as it turned out: text
+                out += self.content.push(s[self.at:after])
+            self.pos, self.state, self.open = after, "text", None
+            if final and after >= len(s):
                 return out
 
     def _llama3(self, final: bool) -> list[Delta]:
         out, s = [], self.text
         while self.state != "text":
             if self.open is not None:  # a call in progress
-                deltas, scan = self._call(self.open.start, len(s), self.at)
-                out += deltas
-                if scan.invalid or (scan.end is not None and not self.open.named):
+                out += self._call(self.open.start, len(s), self.at)
+                call, rd = self.open, self.open.reader
+                if rd.invalid or (rd.end is not None and not call.named):
                     self.open, self.state = None, "text"  # not a call: the rest is text
+                    if call.named:  # (a named call went out: its own text is not content)
+                        self.pos = len(s)
                     break
-                if scan.end is None:
+                if rd.end is None:
                     if not final:
                         return out
                     self.pos = len(s)  # cut: what was written is the call
                     return out
-                self.pos, self.open = scan.end, None
+                self.pos, self.open = rd.end, None
                 continue
             i = _skip_ws(s, self.pos, len(s))
             self.at = i
@@ -439,7 +456,7 @@ class StreamParser:
             if s[i] != "{":
                 self.state = "text"
                 break
-            self.open = _Open(i, self.count)
+            self.open = _Open(_Reader(i), i, self.count, self.at)
         return out + self._content_to(len(s))
 
     def _generic(self, final: bool) -> list[Delta]:
@@ -459,6 +476,7 @@ class StreamParser:
         while self.state == "tool_calls":  # at an element of the array, or inside one
             if self.open is None:
                 i = _skip_ws(s, self.at, len(s))
+                mark = i
                 if self.count and s.startswith(",", i):
                     i = _skip_ws(s, i + 1, len(s))
                 if i >= len(s):
@@ -466,16 +484,15 @@ class StreamParser:
                 if s[i] != "{":  # "]", or anything else: the array is over
                     self.state = "over"
                     break
-                self.open = _Open(i, self.count)
-                self.mark = self.at if self.count else i  # a repeat is cut at its comma
-            deltas, scan = self._call(self.open.start, len(s), self.mark)
-            out += deltas
-            if scan.invalid or (scan.end is not None and not self.open.named):
+                self.open = _Open(_Reader(i), i, self.count, mark if self.count else i)
+            out += self._call(self.open.start, len(s), self.open.mark)
+            call, rd = self.open, self.open.reader
+            if rd.invalid or (rd.end is not None and not call.named):
                 self.state, self.open = "over", None
                 break
-            if scan.end is None:
+            if rd.end is None:
                 break
-            self.at, self.open = scan.end, None
+            self.at, self.open = rd.end, None
         if final:
             if not self.count and self.state == "over":  # no call after all: the reply is text
                 self.state = "text"
@@ -484,8 +501,9 @@ class StreamParser:
         return out
 
     def _response(self, final: bool) -> list[Delta]:
-        """The response string's characters as content, decoded as they come (a partial escape
-        held back)."""
+        """The response string's characters as content, decoded as they come: an escape not yet
+        whole, or a high surrogate waiting for its pair, is held back; a lone surrogate is
+        U+FFFD, as a decoder replaces what is not text."""
         s, j, text = self.text, self.at, []
         while j < len(s) and s[j] != '"':
             if s[j] != "\\":
@@ -494,11 +512,14 @@ class StreamParser:
                 continue
             m = _ESCAPE.match(s, j)
             if m is None:
-                if len(s) - j < 6 and not final:
-                    break  # an escape not yet whole
+                if len(s) - j < 12 and not final:
+                    break  # an escape, or a surrogate pair, not yet whole
                 self.state = "over"  # not JSON: what came before stays
                 break
-            text.append(json.loads(f'"{m.group(0)}"'))
+            esc = m.group(0)
+            if _HIGH.fullmatch(esc) and j + 12 > len(s) and not final:
+                break  # its low half may follow
+            text.append(_unescape(esc))
             j = m.end()
         self.at = j
         if j < len(s) and s[j] == '"':
@@ -507,21 +528,37 @@ class StreamParser:
         return self.content.push("".join(text))
 
 
-_ESCAPE = re.compile(r'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})')
+# One JSON escape, a surrogate pair whole: \uD83D\uDE00 is one character.
+_ESCAPE = re.compile(r'\\(?:u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|["\\/bfnrt]|u[0-9a-fA-F]{4})')
+_HIGH = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")
 
 
-def _arguments(s: str, scan: _Scan) -> str:
-    """A complete call's arguments as JSON text: the model's own text of the object (re-serialised,
-    1e999 would become Infinity), a string's decoded text, or "{}" when there are none."""
-    if scan.args is None or scan.args_end is None:
-        return "{}" if scan.args is None else s[scan.args:]
-    raw = s[scan.args:scan.args_end]
-    if raw.startswith('"'):
+def _unescape(escape: str) -> str:
+    """One JSON escape's text; a lone surrogate (not text) is U+FFFD."""
+    text = json.loads(f'"{escape}"')
+    return "\ufffd" if len(text) == 1 and 0xD800 <= ord(text) <= 0xDFFF else text
+
+
+def _tag_tail(s: str, start: int, tag: str) -> int:
+    """The length of the longest end of s[start:] that could begin `tag`."""
+    longest = min(len(tag) - 1, len(s) - start)
+    return next((k for k in range(longest, 0, -1) if tag.startswith(s[len(s) - k:])), 0)
+
+
+def _arguments(s: str, rd: _Reader) -> str:
+    """A call's arguments as JSON text: the model's own text of the object (re-serialised,
+    1e999 would become Infinity), a string's decoded text, "{}" when there are none; for a cut
+    call, what was written."""
+    if rd.args is None:
+        return "{}"
+    end = rd.args_end if rd.args_end is not None else (rd.cut_at if rd.cut_at is not None else rd.i)
+    raw = s[rd.args:end]
+    if raw.startswith('"') and rd.args_end is not None:
         try:
             return json.loads(raw)
         except json.JSONDecodeError:
             return raw
-    return raw
+    return raw if rd.args_end is not None else raw.rstrip(_SPACE)
 
 
 def _generic_opening(s: str, i: int):
@@ -564,24 +601,35 @@ MAX_CALLS = 16
 
 class CallGuard:
     """Ends a reply whose calls repeat: a call identical to an earlier one (the same name and
-    arguments, written with any whitespace), or one call too many (MAX_CALLS), and the reply is
-    cut where that call starts, as a stop string cuts it. Small models repeat their last call until max_tokens
-    (SmolLM2 does); agent frameworks leave parallel calls on (OpenAI's default). The generation
-    loop feeds it the reply's text and holds back, unsent, what it says may still be cut: the
-    text after the last call while the next could be a repeat, and a call while it is written
-    exactly as an earlier one was (so every other call's arguments still stream as written)."""
+    arguments, written with any whitespace between their tokens), or one call too many
+    (MAX_CALLS), and the reply is cut where that call starts, as a stop string cuts it. Small
+    models repeat their last call until max_tokens (SmolLM2 does); agent frameworks leave
+    parallel calls on (OpenAI's default). The generation loop feeds it the reply's text and
+    holds back, unsent, what it says may still be cut: after a call, what could begin the next
+    one, and a call while it is written exactly as an earlier one was (so every other call's
+    arguments still stream as written). Repeats are found by their text: {"x": 1.0} and
+    {"x": 1} are two calls."""
 
     def __init__(self, format: str):
         self.parser = StreamParser(format)
+        self.bodies: list[str] = []  # each complete call's object, squeezed
+        self.open = _Squeezed()  # the open call's object so far, squeezed
 
     def feed(self, piece: str) -> None:
-        self.parser.feed(piece)
+        p = self.parser
+        p.feed(piece)
+        for c in p.calls[len(self.bodies):]:
+            self.bodies.append(_Squeezed().read(p.text, c.start, c.end))
+        if p.open is not None and not p.open.complete:
+            if self.open.start != p.open.start:
+                self.open = _Squeezed()
+            self.open.read(p.text, p.open.start, len(p.text))
 
     def cut(self) -> int | None:
         """Where the reply ends, if it must: the start of a repeated call, or of one too many."""
         p, calls = self.parser, self.parser.calls
         for k, c in enumerate(calls):
-            if k >= MAX_CALLS or any(self._body(e) == self._body(c) for e in calls[:k]):
+            if k >= MAX_CALLS or self.bodies[k] in self.bodies[:k]:
                 return c.mark
         if p.open is not None and not p.open.complete and len(calls) >= MAX_CALLS:
             return p.open.mark
@@ -593,41 +641,51 @@ class CallGuard:
         if not p.calls:
             return len(s)
         if p.open is not None and not p.open.complete:
-            so_far = _squeeze(s[p.open.start:])
-            may_repeat = any(self._body(c).startswith(so_far) for c in p.calls)
-            return p.open.mark if may_repeat else len(s)
+            so_far = self.open.text
+            return p.open.mark if any(b.startswith(so_far) for b in self.bodies) else len(s)
         after = p.calls[-1].end
-        tail = s[after:].strip(" \t\n\r")
+        tail = s[after:].strip(_SPACE)
         if p.format == "hermes":
-            more = OPEN.startswith(tail[:len(OPEN)]) or tail.startswith(CLOSE) and OPEN.startswith(
-                tail[len(CLOSE):].strip(" \t\n\r")[:len(OPEN)])
-        elif p.format == "llama3":
+            if tail.startswith(CLOSE):
+                tail = tail[len(CLOSE):].lstrip(_SPACE)
+            # a tag may still open anywhere in text: hold back what could begin one
+            return after if OPEN.startswith(tail[:len(OPEN)]) else len(s) - _tag_tail(s, after, OPEN)
+        if p.format == "llama3":
             more = p.state != "text" and (not tail or tail.startswith(";"))
         else:
             more = p.state == "tool_calls" and (not tail or tail.startswith(","))
         return after if more else len(s)
 
-    def _body(self, call: Call) -> str:
-        return _squeeze(self.parser.text[call.start:call.end])
 
+class _Squeezed:
+    """JSON text read from `start` without the whitespace between its tokens, extended as the
+    text grows (each character once)."""
 
-def _squeeze(json_text: str) -> str:
-    """JSON text (or the start of it) without the whitespace between its tokens."""
-    out, i, n = [], 0, len(json_text)
-    while i < n:
-        c = json_text[i]
-        if c == '"':
-            try:
-                j = _string_end(json_text, i, n)
-            except _Incomplete:
-                j = n
-            out.append(json_text[i:j])
-            i = j
-        else:
-            if c not in _SPACE:
-                out.append(c)
-            i += 1
-    return "".join(out)
+    def __init__(self):
+        self.start, self.i, self.parts = None, 0, []
+        self.in_string = self.escape = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def read(self, s: str, start: int, end: int) -> str:
+        if self.start is None:
+            self.start, self.i = start, start
+        for c in s[self.i:end]:
+            if self.in_string:
+                self.parts.append(c)
+                if self.escape:
+                    self.escape = False
+                elif c == "\\":
+                    self.escape = True
+                elif c == '"':
+                    self.in_string = False
+            elif c not in _SPACE:
+                self.parts.append(c)
+                self.in_string = c == '"'
+        self.i = max(self.i, end)
+        return self.text
 
 
 # -- grammars (llguidance Lark, for constrain.Grammars.compile(lark=...)) -------------------------

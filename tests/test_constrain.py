@@ -312,14 +312,15 @@ def test_json_defaults_close_objects_and_bound_numbers():
     got = C.json_defaults(pydantic_like)
     assert pydantic_like["properties"]["population"] == {"type": "integer"}  # not changed in place
     assert got["additionalProperties"] is False
-    assert got["$defs"]["Person"]["additionalProperties"] is False  # no "type", but properties
-    assert "additionalProperties" not in got["$defs"]["Person"]["allOf"][0]  # a part of an allOf
+    # properties beside an allOf: a composition, each part listing some keys: left open
+    assert "additionalProperties" not in got["$defs"]["Person"]
+    assert "additionalProperties" not in got["$defs"]["Person"]["allOf"][0]
     assert got["properties"]["tags"]["items"]["additionalProperties"] is False
     assert got["properties"]["open"]["additionalProperties"] is True  # said open: stays open
     b = 10**16 - 1
     assert got["properties"]["population"] == {"type": "integer", "minimum": -b, "maximum": b}
     assert got["properties"]["area"] == {"type": "number", "minimum": -b, "maximum": b, "multipleOf": 1e-10}
-    assert got["properties"]["rank"] == {"type": "integer", "minimum": 1, "maximum": b}  # its bound kept
+    assert got["properties"]["rank"] == {"type": "integer", "minimum": 1, "maximum": 1 + b}  # its bound kept
     assert got["properties"]["share"]["anyOf"][0]["multipleOf"] == 0.5
     assert got["properties"]["level"] == {"type": "integer", "enum": [1, 2]}  # an enum is bounded
 
@@ -352,3 +353,33 @@ def test_json_object_bounds_its_numbers(vocabs, grammars):
     with pytest.raises(InfernoError, match="not allowed"):  # a 17th digit
         for t in tok.encode("9", add_special_tokens=False):
             m.consume(t)
+
+
+@pytest.mark.parametrize("schema,instance", [
+    # compositions: each part lists only some keys, so none is closed
+    ({"$defs": {"A": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                "B": {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}},
+      "allOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}, '{"a": 1, "b": 2}'),
+    ({"$defs": {"Base": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}},
+      "allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"name": {"type": "string"}}, "required": ["name"]}]},
+     '{"id": 1, "name": "x"}'),
+    ({"type": "object", "properties": {"kind": {"type": "string"}}, "required": ["kind"],
+      "anyOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, '{"kind": "x", "a": 1}'),
+    ({"$defs": {"A": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}},
+      "$ref": "#/$defs/A", "properties": {"b": {"type": "integer"}}}, '{"a": 1, "b": 2}'),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}, '{"a": 1, "b": 2}'),
+    # bounds the schema gives are kept, the missing one placed beside them
+    ({"type": "integer", "minimum": 10**17}, str(10**17 + 5)),
+    ({"type": "integer", "exclusiveMinimum": 10**16 - 1}, str(10**16 + 3)),
+    ({"type": "number", "minimum": 0, "exclusiveMinimum": True}, "1.5"),  # draft 4
+], ids=["allOf-refs", "allOf-ref-and-part", "properties-and-anyOf", "sibling-ref", "required-unlisted",
+        "minimum-past-the-default", "exclusive-minimum", "draft4-exclusive"])
+def test_json_defaults_keep_valid_schemas_satisfiable(vocabs, grammars, schema, instance):
+    """What the schema allows as written stays allowed: the defaults only close objects and bound
+    numbers where the schema leaves them open."""
+    g, tok = grammars["bpe_folder"], vocabs["bpe_folder"]
+    m = g.compile(json_schema=schema).matcher()
+    for t in tok.encode(instance, add_special_tokens=False):
+        m.consume(t)
+    assert m.is_accepting()

@@ -487,3 +487,38 @@ def test_a_repeat_in_other_whitespace_is_a_repeat():
         guard.feed(ch)
         assert guard.hold() <= len(first) or guard.cut() is not None
     assert guard.cut() == len(first)
+
+
+def test_surrogate_pairs_and_lone_surrogates_in_a_generic_response():
+    """An emoji written as a \\u surrogate pair is one character, also when the pair arrives
+    in pieces; a lone surrogate (not text: no server could encode it) is U+FFFD."""
+    text = '{"response": "hi \\ud83d\\ude00 and \\ud83d alone"}'
+    assert T.parse("generic", text)[0] == "hi 😀 and \ufffd alone"
+    assert stream("generic", list(text))[0] == "hi 😀 and \ufffd alone"
+
+
+@pytest.mark.parametrize("fmt,text", [
+    ("llama3", '{"name":"add","parameters":-1}'),
+    ("llama3", '{"parameters":true,"name":"f"}'),
+    ("llama3", '{"name":"add","id":null}'),
+    ("hermes", '<tool_call>{"name":"f","arguments":{"q":"</tool_call>"}}</tool_call>'),
+    ("hermes", '<tool_call>{"name":"f","arguments":{"a":1}} </tool_call> and text'),
+])
+def test_partial_literals_and_tags_in_strings_stream_as_the_whole(fmt, text):
+    content, calls = T.parse(fmt, text)
+    assert stream(fmt, list(text)) == (content, [(c.name, c.arguments) for c in calls])
+    assert calls and "tool_call" not in content
+
+
+def test_text_between_calls_cannot_let_a_repeat_out():
+    """Text between two hermes calls: what could begin the next tag is held back, so a repeat
+    after it is cut before anything of it was sent."""
+    call = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    text = call + "note " + call
+    guard, sent = T.CallGuard("hermes"), 0
+    for ch in text:
+        guard.feed(ch)
+        if guard.cut() is not None:
+            break
+        sent = max(sent, guard.hold())
+    assert guard.cut() == len(call) + len("note ") and sent <= guard.cut()

@@ -263,7 +263,7 @@ class Response:
                     call.update(id=d.id, type="function", function={"name": d.name, "arguments": d.arguments})
                 chunks.append({"tool_calls": [call]})
         finish = ev.finish_reason
-        if finish == "stop" and parser.calls:
+        if finish == "stop" and parser.count:  # (a named call, whole or cut, as parse_calls counts it)
             finish = "tool_calls"
         out = [{"index": ev.index, "delta": delta, "logprobs": None, "finish_reason": None} for delta in chunks]
         if finish or not out and (ev.text or ev.token_ids):
