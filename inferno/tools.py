@@ -152,6 +152,19 @@ def _skip_ws(s: str, i: int, end: int) -> int:
     return i
 
 
+def _string_ends(reader, c: str) -> bool:
+    """One character `c` inside a JSON string for a reader that keeps `in_string` and
+    `escape`: whether it closes the string."""
+    if reader.escape:
+        reader.escape = False
+    elif c == "\\":
+        reader.escape = True
+    elif c == '"':
+        reader.in_string = False
+        return True
+    return False
+
+
 class _Reader:
     """A call object ({"name": ..., "arguments" or "parameters": ...}) read as its text grows:
     each character once, the reading resumed where the last feed stopped. What it has found:
@@ -183,14 +196,8 @@ class _Reader:
         while i < end and not self.done:
             c = s[i]
             if self.in_string:  # a key's or a value's string: only its end matters
-                if self.escape:
-                    self.escape = False
-                elif c == "\\":
-                    self.escape = True
-                elif c == '"':
-                    self.in_string = False
-                    if self.depth == 0:
-                        self._token_done(s, i + 1)
+                if _string_ends(self, c) and self.depth == 0:
+                    self._token_done(s, i + 1)
                 i += 1
                 continue
             if self.close and c == self.close[0] and self.close.startswith(s[i:i + len(self.close)]):
@@ -675,12 +682,7 @@ class _Squeezed:
         for c in s[self.i:end]:
             if self.in_string:
                 self.parts.append(c)
-                if self.escape:
-                    self.escape = False
-                elif c == "\\":
-                    self.escape = True
-                elif c == '"':
-                    self.in_string = False
+                _string_ends(self, c)
             elif c not in _SPACE:
                 self.parts.append(c)
                 self.in_string = c == '"'
