@@ -160,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_args(s)
     s.set_defaults(func=cmd_serve)
 
+    w = sub.add_parser("warmup", help="compile a model's kernels on a backend ahead of time (an image "
+                       "build, a CI job): the first reply then waits on nothing", formatter_class=fmt)
+    add_model_args(w)
+    w.set_defaults(func=cmd_warmup)
+
     pl = sub.add_parser("pull", help="fetch a model (an alias or a hub id) ahead of time", formatter_class=fmt)
     pl.add_argument("name", help="an alias (see `inferno list`) or a hub id such as Qwen/Qwen3-0.6B")
     pl.set_defaults(func=cmd_pull)
@@ -375,6 +380,23 @@ def cmd_serve(args) -> int:
     from inferno.serve.server import run
     return run(config, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
                log_level=args.log_level)
+
+
+def cmd_warmup(args) -> int:
+    """A load, which compiles (or finds cached) every kernel a generation, a long context, a
+    batched step or a chat's next turn takes on this backend, then nothing else."""
+    import time
+
+    from inferno.engine import load
+    t0 = time.perf_counter()
+    engine = load(args.model, backend=args.backend, flash=args.flash == "on", cache_type=args.cache_type,
+                  weights=args.weights, **backend_options(args))
+    try:
+        print(f"warmup: {engine.source} on {engine.backend}: ready in {time.perf_counter() - t0:.1f} s; "
+              f"its kernels are cached for every later load", file=sys.stderr)
+    finally:
+        engine.close()
+    return 0
 
 
 def cmd_pull(args) -> int:

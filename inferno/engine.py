@@ -130,6 +130,7 @@ class Engine:
         # The tracer goes on after the warm-up, so its histogram holds only the user's calls.
         self.ops = self.model.ops = TracingBackend(ops) if trace else ops
         self.load_s = load_s + time.perf_counter() - t0
+        ops.loaded(self.load_s)
 
     @property
     def decodes_on_device(self) -> bool:

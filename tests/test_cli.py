@@ -162,3 +162,11 @@ def test_default_max_tokens_stops_at_a_small_context_and_blank_prompts_are_error
     for prompt in ("   ", "\n\t"):
         p = cli("generate", "-m", qwen3_dir, "-p", prompt)
         assert p.returncode == 1 and "the prompt is empty" in p.stderr
+
+
+def test_warmup_compiles_ahead_and_says_so(qwen3_dir):
+    p = cli("warmup", "-m", qwen3_dir, "-b", "simd")
+    assert p.returncode == 0, p.stderr
+    assert re.search(r"warmup: .+ on simd: ready in [\d.]+ s", p.stderr), p.stderr
+    bad = cli("warmup", "-m", qwen3_dir, "-b", "nope")
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

@@ -330,3 +330,14 @@ def test_the_key_ignores_the_torch_backends(monkeypatch, tmp_path):
         (tmp_path / name).write_text("changed = True\n")
         assert jitcache.cache_key() != key
         key = jitcache.cache_key()
+
+
+def test_a_compile_is_timed_for_the_next_note(monkeypatch, tmp_path):
+    """How long a load that compiled took is kept beside the kernel folders, for the next
+    compile's note to say (rather than a guess)."""
+    monkeypatch.setenv("INFERNO_KERNELS", str(tmp_path))
+    assert jitcache.last_compile() is None
+    jitcache.compiled(83.4)
+    assert jitcache.last_compile() == 83.4
+    (tmp_path / "last-compile.json").write_text("not json")
+    assert jitcache.last_compile() is None

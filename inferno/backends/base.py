@@ -143,6 +143,10 @@ class Backend:
         whatever the size), so that a short warm-up compiles or loads them all."""
         yield
 
+    def loaded(self, seconds: float) -> None:
+        """Called once the engine's load and warm-up are done, after `seconds`: a backend that
+        compiles its kernels records how long a compile took here. Not an op."""
+
     def begin_step(self) -> None:
         """Called before each forward step: a backend may adapt to the machine here (pool sizes
         its thread team to the free cores). Not an op: nothing to compute."""

@@ -119,6 +119,10 @@ class SimdBackend(Backend):
         reuse_freed_activations()
         self._closed = False
 
+    def loaded(self, seconds: float) -> None:
+        if jitcache.compiling():
+            jitcache.compiled(seconds)
+
     def _int8_mode(self, w: QuantTensor) -> int:
         """How a product of w with activation rows takes them: 0 float32, 1 one int8 row each,
         2 two (for inputs with outliers: one row alone moved whole-model logits by ~5e-2
