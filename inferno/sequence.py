@@ -295,6 +295,11 @@ def decode_rows(seqs: list[Sequence], masks: list, runner) -> DecodeRows:
     params = [s.options.sampling for s in seqs]
     column = lambda f, dtype=np.float64: np.array([f(p) for p in params], dtype=dtype)  # noqa: E731
     constrained = np.array([m is not None for m in masks])
+    rows = None  # [B, words]: every row's mask, all allowed where a row is free
+    if constrained.any():
+        rows = np.full((len(masks), next(m for m in masks if m is not None).size), -1, dtype=np.int32)
+        for b in np.flatnonzero(constrained):
+            rows[b] = masks[b]
     starts = [SlotStart(b, np.asarray(s.prompt + s.sampled[:-1], dtype=np.int64),
                         np.asarray(s.generated[:-1], dtype=np.int64), s.options.logit_bias)
               for b, s in enumerate(seqs) if s.device != (runner, len(s.sampled) - 1)]
@@ -309,6 +314,4 @@ def decode_rows(seqs: list[Sequence], masks: list, runner) -> DecodeRows:
         presence=np.array([s.options.presence_penalty for s in seqs]),
         frequency=np.array([s.options.frequency_penalty for s in seqs]),
         draws=np.array([s.draw() for s in seqs]),
-        masks=np.stack([m if m is not None else np.full_like(next(x for x in masks if x is not None), -1)
-                        for m in masks]) if constrained.any() else None,
-        constrained=constrained, logprobs=max(asking) if asking else -1, starts=starts)
+        masks=rows, constrained=constrained, logprobs=max(asking) if asking else -1, starts=starts)

@@ -30,7 +30,7 @@ import torch
 from inferno.backends.base import DecodeRows
 from inferno.backends.torch import sampling
 
-INTS = ("ids", "positions", "slots", "kv_lens", "top_k", "valid", "constrained")
+INTS = ("ids", "positions", "slots", "top_k", "valid", "constrained")
 FLOATS = ("temperature", "top_p", "min_p", "repeat", "presence", "frequency", "draws")
 
 
@@ -114,7 +114,7 @@ class DecodeGraphs:
         nothing: one host-to-device copy (two with grammar masks)."""
         host = self.staging.numpy()  # [columns, rows] int64
         values = {"ids": rows.ids, "positions": rows.positions, "slots": rows.slots,
-                  "kv_lens": np.asarray(rows.positions) + 1, "top_k": rows.top_k, "valid": 1,
+                  "top_k": rows.top_k, "valid": 1,
                   "constrained": 0 if rows.constrained is None else rows.constrained}
         for i, name in enumerate(INTS):
             host[i, :b] = values[name]
@@ -150,7 +150,7 @@ class DecodeGraphs:
         one = c["valid"].to(torch.int32)
         self.counts.index_put_((slots, ids), one, accumulate=True)
         self.seen.index_put_((slots, ids), one, accumulate=True)
-        logits = self.step(ids, c["positions"], slots, c["kv_lens"])  # [b, vocab]
+        logits = self.step(ids, c["positions"], slots, c["positions"] + 1)  # [b, vocab]
         f32 = lambda name: c[name].float()  # noqa: E731
         x = sampling.adjust(logits, self.bias.index_select(0, slots), self.counts.index_select(0, slots),
                             f32("presence"), f32("frequency"),
@@ -165,7 +165,6 @@ class DecodeGraphs:
         (a cache is captured new, or just grown), and a row that counts nothing."""
         self.inputs.zero_()
         self.col["positions"].fill_(self.capacity - 1)
-        self.col["kv_lens"].fill_(self.capacity)
         self.col["repeat"].fill_(1.0)
         self.col["top_p"].fill_(1.0)
         self.col["temperature"].fill_(1.0)
