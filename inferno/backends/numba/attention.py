@@ -52,8 +52,10 @@ def flash_head(q, k, v, out, h, kv_h, head_dim, causal, window, scale):
         q_row, qh_row = q[i, qc:qc + hd], qh[i]
         for d in range(hd):
             qh_row[d] = q_row[d] * scale32
-    kh[:, :] = k[:, kc:kc + hd]
-    vh[:, :] = v[:, kc:kc + hd]
+    for i in range(seq_k):  # (loops: a slice assignment's shape check compiles its message)
+        for d in range(hd):
+            kh[i, d] = k[i, kc + d]
+            vh[i, d] = v[i, kc + d]
     qb = query_block(min(seq_k, window) if window > 0 else seq_k)  # keys a block streams
     s_buf = np.empty(qb * TILE, np.float32)  # one tile of scores, then probabilities: [block, TILE]
     shifted = np.empty(qb * TILE, np.float32)  # scores minus their row's running max

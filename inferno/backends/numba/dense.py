@@ -183,5 +183,6 @@ def fill_upper_rows(x, value, offset, out, r0, r1):
     v32 = np.float32(value)
     for r in range(r0, r1):
         first = max(0, min(r + offset + 1, x.shape[1]))
-        out[r, :first] = x[r, :first]
+        for c in range(first):  # (a loop: a slice assignment's shape check compiles its message)
+            out[r, c] = x[r, c]
         out[r, first:] = v32

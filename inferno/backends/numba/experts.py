@@ -157,7 +157,9 @@ def experts_par(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, chunks, mode):
     """`experts`, each expert's rows cut into `chunks`, all the jobs in one launch."""
     xs, xq = activations_par(x, mode if int_dot(k0) or int_dot(k1) else 0, chunks)
     for job in nb.prange(ids.shape[0] * chunks):
-        _job(k0, k1, w0, w1, x, xs, xq, out0, out1, starts, ids, job, chunks, tile)
+        # (np.int64: a prange's index is unsigned inside the parallel region, signed where Numba
+        # first types the loop; the callee would compile for both)
+        _job(k0, k1, w0, w1, x, xs, xq, out0, out1, starts, ids, np.int64(job), chunks, tile)
 
 
 @functools.cache

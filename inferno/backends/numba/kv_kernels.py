@@ -80,7 +80,9 @@ def write_rows(rows, raw, kind, slot, start):
     for i in range(rows.shape[0]):
         x, dst = rows[i], raw[slot, start + i]
         if kind == F32:
-            dst.view(np.float32)[:] = x
+            y = dst.view(np.float32)
+            for d in range(x.shape[0]):  # (a loop: a slice assignment's shape check compiles its message)
+                y[d] = x[d]
         elif kind == F16:
             y = dst.view(np.uint16)
             for d in range(x.shape[0]):
@@ -377,10 +379,11 @@ def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads
             l[h] = l[h] * corr + total
             m[h] = mx
             _accumulate(kind, sr, corr, vf, o, rb, n, hd, acc, qo)
-    for h in range(n_heads):
-        part_acc[b, h, split] = acc[h * hd:(h + 1) * hd]
-    part_m[b, :, split] = m
-    part_l[b, :, split] = l
+    for h in range(n_heads):  # (loops: a slice assignment's shape check compiles its message)
+        for d in range(hd):
+            part_acc[b, h, split, d] = acc[h * hd + d]
+        part_m[b, h, split] = m[h]
+        part_l[b, h, split] = l[h]
 
 
 @jit

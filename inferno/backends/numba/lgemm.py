@@ -127,7 +127,8 @@ def pack(kind, w, p0, n, panel, pad):
     if n < ROWS:
         pad[:] = 0
         if n > 0:
-            pad[:n * rb] = f[p0 * rb:(p0 + n) * rb]
+            for i in range(n * rb):  # (a loop: a slice assignment's shape check compiles its message)
+                pad[i] = f[o + i]
         f, o = pad, 0
     for half in range(2):
         pack_half(kind, f, o + P * half * rb, rb, blocks, half, panel[0], panel[1], panel[2])

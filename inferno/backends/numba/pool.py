@@ -112,7 +112,9 @@ def _fill_upper(x, value, offset, out, chunks):
 def _flash(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale):
     group = n_heads // n_kv_heads
     for h in nb.prange(n_heads):  # one job per head
-        A.flash_head(q, k, v, out, h, h // group, head_dim, causal, window, scale)
+        # (np.int64: a prange's index is unsigned inside the parallel region, signed where Numba
+        # first types the loop; the callee would compile for both)
+        A.flash_head(q, k, v, out, np.int64(h), h // group, head_dim, causal, window, scale)
 
 
 @nb.njit(parallel=True, cache=True)
@@ -120,7 +122,7 @@ def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, he
     part_acc, part_m, part_l = KV.alloc_parts(q.shape[0], q.shape[1] // head_dim, n_splits, head_dim)
     for job in nb.prange(q.shape[0] * n_splits):  # (sequence, range of its keys)
         KV.decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
-                      job, part_acc, part_m, part_l)
+                      np.int64(job), part_acc, part_m, part_l)  # (np.int64: see _flash)
     out = np.empty_like(q)
     KV.merge_parts(part_acc, part_m, part_l, out)  # on the calling thread, after the jobs
     return out
@@ -260,8 +262,8 @@ class PoolBackend(SimdBackend):
         while len(kinds) < MANY:
             kinds.append(kinds[0])
             datas.append(NO_ROWS)
-        self._launch(Q.linear_many_par_for(*kinds), tuple(datas), x, out, self.threads,
-                     max(self._int8_mode(w) for w in ws), self._legacy)
+        self._launch(Q.linear_many_par_for(*kinds, rows == 1, self._legacy), tuple(datas), x, out,
+                     self.threads, max(self._int8_mode(w) for w in ws))
         views, start = [], 0
         for w in ws:
             views.append(out[:, start:start + w.shape[0]])

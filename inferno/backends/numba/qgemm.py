@@ -192,7 +192,8 @@ def pack(ub, w, p0, n, pq, psc, pd, pm, pad):
         pack_rows(ub, f, p0 * rb, rb, pq, psc, pd, pm)
     else:
         pad[:] = 0
-        pad[:n * rb] = f[p0 * rb:(p0 + n) * rb]
+        for i in range(n * rb):  # (a loop: a slice assignment's shape check compiles its message)
+            pad[i] = f[p0 * rb + i]
         pack_rows(ub, pad, 0, rb, pq, psc, pd, pm)
 
 

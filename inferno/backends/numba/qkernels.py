@@ -480,38 +480,62 @@ def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
     for t0 in range(r0, r1, tile):
         t = min(tile, r1 - t0)
         dequant_rows(kind, w, rows, t0, t0 + t)
+        part = prod if t == tile else np.dot(x, rows[:t].T)
         if t == tile:
             np.dot(x, rows.T, prod)
-            out[:, t0:t0 + t] = prod
-        else:
-            out[:, t0:t0 + t] = np.dot(x, rows[:t].T)
+        for b in range(B):  # (loops: a slice assignment's shape check compiles its message)
+            for j in range(t):
+                out[b, t0 + j] = part[b, j]
 
 
-# -- serial drivers (the simd backend) ----------------------------------------------------------------
-@jit
-def linear(kind, w, x, out, tile, mode, legacy):
-    """out [B, rows] = x [B, cols] @ w.T, by the kernel that suits B; x's rows times a kind that
-    can (int_dot) take one or two int8 rows each for mode 1 or 2 (`activations`), however
-    many; times a legacy kind where `legacy` says so, rounded to int16 (ldot.py): one row in
-    integers, more as the float32 values they hold."""
-    B, rows = x.shape[0], w.shape[0]
-    if legacy and ldot.legacy(kind):
+# -- the drivers: one per path a product takes, each compiled alone ----------------------------------
+# `linear` (the chooser made by linear_for / linear_par_for) picks the path in Python, from the
+# rows of x, the kind and the backend's settings; each path's driver is compiled for one kind
+# when a product first takes it. (One driver holding every path compiled them all, each for
+# 13-15 s on the default model's first run, where a short reply takes two of them.)
+LEGACY_ROW, LEGACY_GEMM, PREFILL, ROWS = "legacy_row", "legacy_gemm", "prefill", "rows"
+
+
+def linear_path(kind: int, B: int, mode: int, legacy: bool) -> tuple[str, bool]:
+    """(path, rounded): how `linear` computes x [B, cols] @ w.T for weights of `kind`. A
+    legacy kind, where `legacy` says so, takes x as int16 (ldot.py): one row in integers
+    (LEGACY_ROW), more than FEW_MAX through lgemm's GEMM where it runs (LEGACY_GEMM), else x
+    rounded to the values it holds as int16 (`rounded`) through the float paths. A kind that
+    can (int_dot) takes int8 rows for mode 1 or 2 however many (ROWS); any other, more than
+    FEW_MAX rows as dequantised tiles and sgemm (PREFILL), fewer through the row kernels."""
+    rounded = False
+    if legacy and ldot.legacy.py_func(kind):
         if B == 1:
-            x16, dx, xs16 = ldot.quantized(x)
-            legacy_rows(kind, w, x16, dx, xs16, out[0], 0, rows)
-            return
+            return LEGACY_ROW, False
         if B > FEW_MAX and lgemm.FAST:
-            x16, dx, xs16 = ldot.quantized(x)
-            legacy_gemm(kind, w, x16, dx, xs16, out, 0, rows)
-            return
-        x = ldot.rounded(x)
-    if B > FEW_MAX and not (mode > 0 and int_dot(kind)):
-        scratch = np.empty(tile * x.shape[1] + B * tile, np.float32)
-        prefill_rows(kind, w, x, out, 0, rows, tile, scratch)
-        return
-    xs = np.empty((B, x.shape[1] // 32), np.float32)
+            return LEGACY_GEMM, False
+        rounded = True
+    if B > FEW_MAX and not (mode > 0 and int_dot.py_func(kind)):
+        return PREFILL, rounded
+    return ROWS, rounded
+
+
+@jit
+def legacy_row(kind, w, x, out):
+    """out [1, rows] = x [1, cols] @ w.T, x as one int16 row (ldot.l_rows)."""
+    x16, dx, xs16 = ldot.quantized(x)
+    legacy_rows(kind, w, x16, dx, xs16, out[0], 0, w.shape[0])
+
+
+@jit
+def prefill(kind, w, x, out, tile):
+    """out = x @ w.T through dequantised tiles of `tile` rows and sgemm."""
+    scratch = np.empty(tile * x.shape[1] + x.shape[0] * tile, np.float32)
+    prefill_rows(kind, w, x, out, 0, w.shape[0], tile, scratch)
+
+
+@jit
+def rows(kind, w, x, out, mode):
+    """out = x @ w.T through the row kernels, x as int8 rows for mode 1 or 2 where the kind
+    takes them (`activations`)."""
+    xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
     xq = activations(x, xs, mode if int_dot(kind) else 0)
-    rows_kernel(kind, w, x, xs, xq, out, 0, 0, rows)
+    rows_kernel(kind, w, x, xs, xq, out, 0, 0, w.shape[0])
 
 
 # -- parallel drivers (the pool backend): one launch, rows split across Numba's OpenMP team ----------
@@ -582,83 +606,78 @@ def legacy_gemm_par(kind, w, x16, dx, xs, out, chunks):
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_par(kind, w, x, out, tile, chunks, mode, legacy):
-    """`linear`, its rows split into `chunks` ranges, each on a thread of the team."""
-    B, rows, n = x.shape[0], w.shape[0], x.shape[1]
-    if legacy and ldot.legacy(kind):
-        if B == 1:
-            x16, dx, xs16 = ldot.quantized(x)
-            for c in nb.prange(chunks):
-                legacy_rows(kind, w, x16, dx, xs16, out[0], chunk_start(rows, c, chunks, 2),
-                            chunk_start(rows, c + 1, chunks, 2))
-            return
-        if B > FEW_MAX and lgemm.FAST:
-            x16, dx, xs16 = quantized_par(x, chunks)
-            legacy_gemm_par(kind, w, x16, dx, xs16, out, chunks)
-            return
-        x = rounded_par(x, chunks)
-    if B > FEW_MAX and not (mode > 0 and int_dot(kind)):
-        tiles = (rows + tile - 1) // tile
-        scratch = np.empty((chunks, tile * n + B * tile), np.float32)  # one per thread
-        for c in nb.prange(chunks):
-            t0, t1 = chunk_start(tiles, c, chunks, 1), chunk_start(tiles, c + 1, chunks, 1)
-            prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, rows), tile, scratch[c])
-        return
-    xs, xq = activations_par(x, mode if int_dot(kind) else 0, chunks)
-    for c in nb.prange(chunks):  # whole panels of qgemm's where they fit
-        rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(rows, c, chunks, qgemm.ROWS),
-                    chunk_start(rows, c + 1, chunks, qgemm.ROWS))
+def legacy_row_par(kind, w, x, out, chunks):
+    """`legacy_row`, w's rows split into `chunks` ranges, each on a thread of the team."""
+    n = w.shape[0]
+    x16, dx, xs16 = ldot.quantized(x)
+    for c in nb.prange(chunks):
+        legacy_rows(kind, w, x16, dx, xs16, out[0], chunk_start(n, c, chunks, 2), chunk_start(n, c + 1, chunks, 2))
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def linear_many_par(k0, k1, k2, ws, x, out, chunks, mode, legacy):
-    """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
-    B <= FEW_MAX rows of x: the three weights' rows (kinds k0, k1, k2), taken end to end as one
-    range, split into `chunks` pieces (a piece may span two weights). The weights may differ in
-    kind and rows; they share cols, so a row costs about the same in any. Each takes x as it
-    would alone (`linear`): a K-quant its int8 rows, a legacy kind where `legacy` says so its
-    int16 row or x' (lx: `legacy_inputs`), any other x."""
-    xs, xq = activations_par(x, mode if int_dot(k0) or int_dot(k1) or int_dot(k2) else 0, chunks)
-    lx = legacy_inputs(x, legacy and (ldot.legacy(k0) or ldot.legacy(k1) or ldot.legacy(k2)))
-    total = out.shape[1]
+def prefill_par(kind, w, x, out, tile, chunks):
+    """`prefill`, w's tiles split into `chunks` ranges, each with its own scratch."""
+    n = w.shape[0]
+    tiles = (n + tile - 1) // tile
+    scratch = np.empty((chunks, tile * x.shape[1] + x.shape[0] * tile), np.float32)  # one per thread
     for c in nb.prange(chunks):
-        # whole panels (kpanels.P) where they fit; l_rows' pairs need 2
-        lo, hi = chunk_start(total, c, chunks, kpanels.P), chunk_start(total, c + 1, chunks, kpanels.P)
-        start = _piece(k0, ws[0], x, xs, xq, lx, out, 0, lo, hi)  # each kind its own argument:
-        start = _piece(k1, ws[1], x, xs, xq, lx, out, start, lo, hi)  # a literal to rows_kernel
-        _piece(k2, ws[2], x, xs, xq, lx, out, start, lo, hi)
+        t0, t1 = chunk_start(tiles, c, chunks, 1), chunk_start(tiles, c + 1, chunks, 1)
+        prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, n), tile, scratch[c])
 
 
-@jit
-def legacy_inputs(x, used):
-    """What a legacy kind multiplies where it takes int16 rows (`used`): (x16, dx, xs, xr, xrs),
-    one row rounded to int16 (ldot.quantized) or a few as x' (ldot.rounded) with their block
-    sums; arrays of no rows where unused."""
-    B, n = x.shape
-    x16, dx, xs = np.empty((0, n), np.int16), np.empty((0, n // 32), np.float32), np.empty((0, n // 32), np.float32)
-    xr, xrs = np.empty((0, n), np.float32), np.empty((0, n // 32), np.float32)
-    if used and B == 1:
-        x16, dx, xs = ldot.quantized(x)
-    elif used:
-        xr = ldot.rounded(x)
-        xrs = np.empty((B, n // 32), np.float32)
-        group_sums(xr, xrs, 0, B)
-    return x16, dx, xs, xr, xrs
+@nb.njit(parallel=True, cache=True, fastmath=FAST)
+def rows_par(kind, w, x, out, mode, chunks):
+    """`rows`, w's rows split into `chunks` ranges (whole panels of qgemm's where they fit)."""
+    n = w.shape[0]
+    xs, xq = activations_par(x, mode if int_dot(kind) else 0, chunks)
+    for c in nb.prange(chunks):
+        rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(n, c, chunks, qgemm.ROWS),
+                    chunk_start(n, c + 1, chunks, qgemm.ROWS))
 
 
-@jit
-def _piece(kind, w, x, xs, xq, lx, out, start, lo, hi):
+# How a weight of linear_many takes x: as one int16 row (a legacy kind, where the backend says so,
+# and one row), as x' (the same, more rows: the values x holds as int16), or as it is (int8 rows
+# for a kind that can, else float32).
+X16, ROUNDED, PLAIN = 0, 1, 2
+
+
+def takes(kind: int, one_row: bool, legacy: bool) -> int:
+    if legacy and ldot.legacy.py_func(kind):
+        return X16 if one_row else ROUNDED
+    return PLAIN
+
+
+def piece(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
     """The part of out's columns lo..hi that falls in w's rows, w's outputs starting at column
-    `start`; returns where the next weight's start."""
-    r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
-    if r0 < r1:
-        if ldot.legacy(kind) and lx[0].shape[0] > 0:
-            legacy_rows(kind, w, lx[0], lx[1], lx[2], out[0, start:], r0, r1)
-        elif ldot.legacy(kind) and lx[3].shape[0] > 0:
-            rows_kernel(kind, w, lx[3], lx[4], xq, out, start, r0, r1)
-        else:
-            rows_kernel(kind, w, x, xs, xq, out, start, r0, r1)
-    return start + w.shape[0]
+    `start`, w taking x as `how` says (a literal: only that way's loops are typed and
+    compiled); returns where the next weight's start."""
+    raise TypeError("piece runs in jitted code only")
+
+
+@overload(piece, prefer_literal=True, jit_options=dict(fastmath=FAST))
+def _piece_for(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
+    if not isinstance(kind, types.IntegerLiteral) or not isinstance(how, types.IntegerLiteral):
+        raise TypingError("piece needs its kind and its way as compile-time constants")
+    code, way = kind.literal_value, how.literal_value
+    if way == X16:
+        def impl(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
+            r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
+            if r0 < r1:
+                legacy_rows(code, w, lx[0], lx[1], lx[2], out[0, start:], r0, r1)
+            return start + w.shape[0]
+    elif way == ROUNDED:
+        def impl(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
+            r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
+            if r0 < r1:
+                rows_kernel(code, w, lx[3], lx[4], xq, out, start, r0, r1)
+            return start + w.shape[0]
+    else:
+        def impl(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
+            r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
+            if r0 < r1:
+                rows_kernel(code, w, x, xs, xq, out, start, r0, r1)
+            return start + w.shape[0]
+    return impl
 
 
 def _legacy_kinds_only(stub, kernel):
@@ -702,35 +721,126 @@ _legacy_kinds_only(legacy_gemm, lgemm.l_gemm)
 # cache keys the entry on them, and rows_kernel's overload then types only those kinds' loops.
 # A model compiles and loads only the kinds it holds.
 @functools.cache
-def linear_for(kind: WeightKind):
-    """`linear` for one kind: (w, x, out, tile, mode, legacy)."""
-    kind = int(WeightKind(kind))  # the closure's literal
+def _path_entry(path: str, kind: int, parallel: bool):
+    """The driver of `path` for `kind` (on the team where `parallel`), compiled apart: a closure
+    over the kind alone (see above; the drivers are globals, as the cache's key needs them)."""
+    if path == LEGACY_GEMM:
+        return legacy_gemm_par_for(kind) if parallel else legacy_gemm_for(kind)
+    if path == LEGACY_ROW and parallel:
+        @jit
+        def legacy_row_par_kind(w, x, out, chunks):
+            legacy_row_par(kind, w, x, out, chunks)
+        return jitcache.lazy(legacy_row_par_kind)
+    if path == LEGACY_ROW:
+        @jit
+        def legacy_row_kind(w, x, out):
+            legacy_row(kind, w, x, out)
+        return jitcache.lazy(legacy_row_kind)
+    if path == PREFILL and parallel:
+        @jit
+        def prefill_par_kind(w, x, out, tile, chunks):
+            prefill_par(kind, w, x, out, tile, chunks)
+        return jitcache.lazy(prefill_par_kind)
+    if path == PREFILL:
+        @jit
+        def prefill_kind(w, x, out, tile):
+            prefill(kind, w, x, out, tile)
+        return jitcache.lazy(prefill_kind)
+    if parallel:
+        @jit
+        def rows_par_kind(w, x, out, mode, chunks):
+            rows_par(kind, w, x, out, mode, chunks)
+        return jitcache.lazy(rows_par_kind)
 
     @jit
-    def linear_kind(w, x, out, tile, mode, legacy):
-        linear(kind, w, x, out, tile, mode, legacy)
-    return jitcache.lazy(linear_kind)
+    def rows_kind(w, x, out, mode):
+        rows(kind, w, x, out, mode)
+    return jitcache.lazy(rows_kind)
+
+
+@functools.cache
+def linear_for(kind: WeightKind):
+    """x @ w.T for one kind, on the calling thread: (w, x, out, tile, mode, legacy), through
+    the path `linear_path` picks."""
+    kind = int(WeightKind(kind))
+
+    def linear(w, x, out, tile, mode, legacy):
+        path, rounded = linear_path(kind, x.shape[0], mode, legacy)
+        if rounded:
+            x = ldot.rounded(x)
+        if path == LEGACY_ROW:
+            _path_entry(path, kind, False)(w, x, out)
+        elif path == LEGACY_GEMM:
+            _path_entry(path, kind, False)(w, *ldot.quantized(x), out)
+        elif path == PREFILL:
+            _path_entry(path, kind, False)(w, x, out, tile)
+        else:
+            _path_entry(path, kind, False)(w, x, out, mode)
+    return linear
 
 
 @functools.cache
 def linear_par_for(kind: WeightKind):
-    """`linear_par` for one kind: (w, x, out, tile, chunks, mode, legacy)."""
+    """`linear_for`, w's rows split across the team: (w, x, out, tile, chunks, mode, legacy)."""
     kind = int(WeightKind(kind))
 
-    @jit
-    def linear_par_kind(w, x, out, tile, chunks, mode, legacy):
-        linear_par(kind, w, x, out, tile, chunks, mode, legacy)
-    return jitcache.lazy(linear_par_kind)
+    def linear_par(w, x, out, tile, chunks, mode, legacy):
+        path, rounded = linear_path(kind, x.shape[0], mode, legacy)
+        if rounded:
+            x = rounded_par(x, chunks)
+        if path == LEGACY_ROW:
+            _path_entry(path, kind, True)(w, x, out, chunks)
+        elif path == LEGACY_GEMM:
+            _path_entry(path, kind, True)(w, *quantized_par(x, chunks), out, chunks)
+        elif path == PREFILL:
+            _path_entry(path, kind, True)(w, x, out, tile, chunks)
+        else:
+            _path_entry(path, kind, True)(w, x, out, mode, chunks)
+    return linear_par
 
 
 @functools.cache
-def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind):
-    """`linear_many_par` for three kinds: (ws, x, out, chunks, mode, legacy)."""
+def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind, one_row: bool = False,
+                        legacy: bool = False):
+    """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
+    B <= FEW_MAX rows of x (exactly one where `one_row`): the three weights' rows (kinds k0, k1,
+    k2), taken end to end as one range, split into `chunks` pieces (a piece may span two
+    weights): (ws, x, out, chunks, mode). The weights may differ in kind and rows; they share
+    cols, so a row costs about the same in any. Each takes x as it would alone (`linear`): a
+    K-quant its int8 rows for mode 1 or 2, a legacy kind where `legacy` says so its int16 row or
+    x' (`takes`), any other x. The ways are settled here, in the closure: a decode step's entry
+    compiles the loops of one row only (one entry for every way compiled each, 8 s of a first
+    run's compile, where decode takes one)."""
     k0, k1, k2 = (int(WeightKind(k)) for k in (k0, k1, k2))
+    h0, h1, h2 = (takes(k, one_row, legacy) for k in (k0, k1, k2))
+    rows_in = PLAIN in (h0, h1, h2) or ROUNDED in (h0, h1, h2)  # some weight runs the row kernels
+    int8 = any(int_dot.py_func(k) for k in (k0, k1, k2))
+    x16, rounded = X16 in (h0, h1, h2), ROUNDED in (h0, h1, h2)
 
-    @jit
-    def linear_many_par_kinds(ws, x, out, chunks, mode, legacy):
-        linear_many_par(k0, k1, k2, ws, x, out, chunks, mode, legacy)
+    @nb.njit(parallel=True, cache=True, fastmath=FAST)
+    def linear_many_par_kinds(ws, x, out, chunks, mode):
+        B, n = x.shape
+        if rows_in:
+            xs, xq = activations_par(x, mode if int8 else 0, chunks)
+        else:
+            xs, xq = x, x  # (not read)
+        if x16:
+            q16, dx, qs = ldot.quantized(x)
+            lx = (q16, dx, qs, x, x)
+        elif rounded:
+            xr = ldot.rounded(x)
+            xrs = np.empty((B, n // 32), np.float32)
+            group_sums(xr, xrs, 0, B)
+            lx = (x, x, x, xr, xrs)
+        else:
+            lx = (x, x, x, x, x)  # (not read)
+        total = out.shape[1]
+        for c in nb.prange(chunks):
+            # whole panels (kpanels.P) where they fit; l_rows' pairs need 2
+            lo, hi = chunk_start(total, c, chunks, kpanels.P), chunk_start(total, c + 1, chunks, kpanels.P)
+            start = piece(k0, h0, ws[0], x, xs, xq, lx, out, np.int64(0), lo, hi)
+            start = piece(k1, h1, ws[1], x, xs, xq, lx, out, start, lo, hi)
+            piece(k2, h2, ws[2], x, xs, xq, lx, out, start, lo, hi)
     return jitcache.lazy(linear_many_par_kinds)
 
 
