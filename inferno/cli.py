@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from inferno import __version__
@@ -388,6 +389,7 @@ def cmd_warmup(args) -> int:
     import time
 
     from inferno.engine import load
+    os.environ["INFERNO_COMPILE_AHEAD"] = "0"  # every path compiled here, not left to a helper
     t0 = time.perf_counter()
     engine = load(args.model, backend=args.backend, flash=args.flash == "on", cache_type=args.cache_type,
                   weights=args.weights, **backend_options(args))

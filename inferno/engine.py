@@ -8,12 +8,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
@@ -31,6 +33,9 @@ from inferno.model.resolve import alias_sampling, resolve
 from inferno.model.sampling import SamplingDefaults
 from inferno.scheduler import Scheduler, Slots
 from inferno.sequence import Options, Sequence, TokenLogprob
+
+if TYPE_CHECKING:
+    from inferno.ahead import Plan
 
 
 @dataclass
@@ -99,9 +104,11 @@ class Session:
 class Engine:
     def __init__(self, checkpoint: Checkpoint, ops, flash: bool = True, load_s: float = 0.0, *,
                  trace: bool = False, warm_up: bool = True, cache_type: str | None = None,
-                 ctx_size: int | None = None):
+                 ctx_size: int | None = None, ahead: Plan | None = None):
         """`ctx_size` is the default context (prompt + new tokens) of each generation: the
-        model's whole context when None."""
+        model's whole context when None. `ahead`: the load's arguments, for a helper process
+        that compiles the kernels of the paths a first reply does not take (ahead.py); without
+        it the warm-up takes every path here."""
         self.config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.source = checkpoint.source
@@ -125,8 +132,10 @@ class Engine:
         if ops.device_step and not trace:
             self._solo = self.new_slots(1, min(self.ctx_size, SOLO_CAPACITY), growable=True)
             self._solo_free = True
+        # The load's arguments (ahead.Plan) and the helper process it started, if any.
+        self.plan, self.helper = ahead, None
         if warm_up:
-            self._warm_up()
+            self._load_warm_up(ops, ahead)
         # The tracer goes on after the warm-up, so its histogram holds only the user's calls.
         self.ops = self.model.ops = TracingBackend(ops) if trace else ops
         self.load_s = load_s + time.perf_counter() - t0
@@ -277,22 +286,53 @@ class Engine:
         self.close()
 
     # -- internals ------------------------------------------------------------------------------
-    def _warm_up(self) -> None:
-        """Every path a generation can take, once, so that JIT compilation, kernel caches
-        (Numba's, Triton's) and device libraries load during load(), never in the middle of a
-        reply (llama.cpp warms up too): two prompts, then a decode beside a chunk after a cache,
-        with every op on the path that long prompts and contexts take (ops.every_path: pool's
-        parallel kernels); then the same on the small ops' own paths (a short prompt's)."""
+    def _load_warm_up(self, ops, plan: Plan | None) -> None:
+        """The load's warm-up: every path (`rest`), or, on a backend that compiles its kernels
+        into a cache other processes share, the first reply's paths (`prefill`, `decode`) with a
+        helper process for the rest until it is all compiled (ahead.py)."""
+        if getattr(ops, "compiles_ahead", False):
+            from inferno import ahead
+            ahead.load_warm_up(self, plan)
+        else:
+            self.warm_up("rest")
+
+    WARM_PROMPT = 32  # tokens of the warm-up's prompt: a short chat turn's, past qkernels.FEW_MAX
+
+    def warm_up(self, part: str = "rest") -> None:
+        """Run one part of the warm-up, so that JIT compilation, kernel caches (Numba's,
+        Triton's) and device libraries load during load(), never in the middle of a reply
+        (llama.cpp warms up too):
+        - `prefill`: a prompt of WARM_PROMPT tokens, as a short first turn takes;
+        - `decode`: a decode step of one sequence (on the device runner where there is one);
+        - `rest`: every path a generation can take: two short prompts, a short chunk after a
+          cache alone, then beside a decode, a decode beside a long chunk, and the two above;
+          with each op's own choice by size, then with every op on the path that long prompts
+          and contexts take (ops.every_path: pool's parallel kernels)."""
         model, ops = self.model, self.model.ops
-        cache = model.new_cache(8, slots=2)
         zeros = lambda k: np.zeros(k, np.int64)  # noqa: E731
-        with ops.every_path():
-            model.step([Segment(zeros(3), 0, 0, logits=False), Segment(zeros(2), 1, 0, logits=False)], cache)
-            ops.to_numpy(model.step([Segment(zeros(1), 0, 3), Segment(zeros(2), 1, 2)], cache))
-        ops.to_numpy(model.step([Segment(zeros(1), 0, 4)], cache))
-        ops.to_numpy(model.step([Segment(zeros(1), 0, 5), Segment(zeros(2), 1, 4)], cache))
-        if self._solo is not None:
-            self._solo.runner()  # the decode step of one sequence, captured
+        n = max(1, min(self.WARM_PROMPT, self.config.max_position_embeddings - 1))
+        if part == "prefill":
+            ops.to_numpy(model.step([Segment(zeros(n), 0, 0)], model.new_cache(n + 1)))
+        elif part == "decode":  # after a position left unwritten, not a prompt: a helper
+            # compiles this while the load compiles that (a token at 0 would be a prompt)
+            ops.to_numpy(model.step([Segment(zeros(1), 0, 1)], model.new_cache(2)))
+            if self._solo is not None:
+                self._solo.runner()  # the decode step of one sequence, captured
+        elif part == "rest":
+            # each op's own choice by size first (a chat's next turn, the likeliest path after a
+            # first reply), then its parallel kernels (long prompts, long contexts)
+            chunk = max(1, min(n, self.config.max_position_embeddings - 5))
+            for every in (False, True):
+                with ops.every_path() if every else contextlib.nullcontext():
+                    cache = model.new_cache(chunk + 5, slots=2)
+                    model.step([Segment(zeros(3), 0, 0, logits=False), Segment(zeros(2), 1, 0, logits=False)], cache)
+                    ops.to_numpy(model.step([Segment(zeros(2), 0, 3)], cache))  # a chunk after a cache
+                    ops.to_numpy(model.step([Segment(zeros(1), 0, 4), Segment(zeros(2), 1, 2)], cache))
+                    ops.to_numpy(model.step([Segment(zeros(1), 0, 5), Segment(zeros(chunk), 1, 4)], cache))
+                    self.warm_up("prefill")
+                    self.warm_up("decode")
+        else:
+            raise ValueError(f"no warm-up part {part!r}: prefill, decode or rest")
 
     def _claim_slots(self, need: int) -> Slots:
         """A single generation's KV cache slot: the engine's own (its device runner captured
@@ -465,7 +505,7 @@ def check_cache_type(cache_type: str) -> str:
 
 def load(model: str | None = None, backend: str = DEFAULT_BACKEND, *, flash: bool = True, trace: bool = False,
          progress: bool | None = None, cache_type: str | None = None, ctx_size: int | None = None,
-         weights: str | None = None, **backend_options) -> Engine:
+         weights: str | None = None, warm_up: bool = True, **backend_options) -> Engine:
     """Load `model` onto `backend` (pool, the default; simd; cpu, the numpy reference; torch;
     gpu). `model` is a folder, a .gguf file, a hub id or an alias; None is the default model
     (smollm2-135m), fetched on first use.
@@ -476,7 +516,9 @@ def load(model: str | None = None, backend: str = DEFAULT_BACKEND, *, flash: boo
     (default: the model's). `weights` ("q8_0" or "q4_0") quantizes the float weights at load
     (a Hugging Face folder's bf16, say), as llama.cpp's quantizer would; weights a GGUF already
     holds in blocks stay as they are. Values that do not depend on the model are checked before
-    anything loads; ctx_size against the model's context right after its config is read."""
+    anything loads; ctx_size against the model's context right after its config is read.
+    `warm_up` False skips the warm-up (Engine._load_warm_up): the first reply then compiles or
+    loads its kernels as it goes."""
     check_ctx_size(ctx_size)
     if cache_type is not None:
         check_cache_type(cache_type)
@@ -497,7 +539,19 @@ def load(model: str | None = None, backend: str = DEFAULT_BACKEND, *, flash: boo
         if alias:
             checkpoint.sampling.append(alias)
         return Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0, trace=trace,
-                      cache_type=cache_type, ctx_size=ctx_size)
+                      cache_type=cache_type, ctx_size=ctx_size, warm_up=warm_up,
+                      ahead=_plan(path, backend, flash, cache_type, weights, backend_options))
     except BaseException:
         ops.close()  # give back threads, BLAS settings, device memory
         raise
+
+
+def _plan(path, backend: str, flash: bool, cache_type, weights, backend_options: dict):
+    """The load's arguments for a helper process that repeats it (ahead.py); None where they do
+    not go into JSON (a backend option that is an object)."""
+    from inferno.ahead import Plan
+    try:
+        return Plan(str(Path(path).resolve()), backend, flash=flash, cache_type=cache_type, weights=weights,
+                    **backend_options)
+    except TypeError:
+        return None

@@ -17,6 +17,9 @@ from inferno.backends.numba.jitcache import kernel_root  # noqa: E402
 # Tests that point INFERNO_CACHE at a folder of their own (a fresh model cache, one that cannot
 # be written) keep the compiled kernels where they are, in this process and the ones it starts.
 os.environ.setdefault("INFERNO_KERNELS", str(kernel_root()))
+# A load warms up every path itself, as with no helper process (inferno/ahead.py): a suite that
+# loads hundreds of models starts no process behind each; tests/test_ahead.py turns it back on.
+os.environ["INFERNO_COMPILE_AHEAD"] = "0"
 
 
 @pytest.fixture(scope="session")

@@ -122,6 +122,7 @@ NO_COMPILE = """
 import gc, json, sys
 import inferno
 from numba.core.dispatcher import Dispatcher
+from inferno.backends.numba import jitcache
 from inferno.model.sampling import SamplingParams
 from inferno.serve import BatchEngine, Options
 
@@ -133,25 +134,36 @@ def kernels():
             for sig in d.overloads}}
 
 
+measure = {measure}
 engine = inferno.load({path!r}, {backend!r}, progress=False)
 ban = {{t: -100.0 for t in engine.eos}}
-seen, before = {{}}, kernels()
+seen, before = {{}}, measure()
 engine.generate("Once upon a time", max_tokens=600, temperature=0, logit_bias=ban)  # past 2 x 256 keys
-seen["a long generation"], before = kernels() - before, kernels()
+seen["a long generation"], before = measure() - before, measure()
 session, messages = inferno.Session(), [{{"role": "user", "content": "Hello there"}}]
 for turn in ("And then?", "Why?"):
     reply = engine.generate(messages, session=session, max_tokens=6, temperature=0)
     messages += [{{"role": "assistant", "content": reply.text}}, {{"role": "user", "content": turn}}]
-seen["a chat's next turns"], before = kernels() - before, kernels()
+seen["a chat's next turns"], before = measure() - before, measure()
 with BatchEngine(engine, parallel=4, ctx_size=256, chunk=8) as batch:
     handles = [batch.submit(engine.encode_prompt("word " * (3 + 9 * i)),
                             Options(max_tokens=5 + 3 * i, sampling=SamplingParams(temperature=0)))
                for i in range(4)]
     for h in handles:
         list(h)
-seen["batched steps with chunked prompts"] = kernels() - before
-print(json.dumps({{k: sorted(map(list, v)) for k, v in seen.items()}}))
+seen["batched steps with chunked prompts"] = measure() - before
+print(json.dumps({{"helper": engine.helper is not None,
+                  "seen": {{k: sorted(map(list, v)) if isinstance(v, set) else v for k, v in seen.items()}}}}))
 """
+
+
+def no_compile(path, backend: str, measure: str, env=None) -> dict:
+    """NO_COMPILE in a fresh process: what each path took that the load had not (`measure`:
+    kernels, the signatures loaded; jitcache.misses, the kernels compiled)."""
+    run = subprocess.run([sys.executable, "-c", NO_COMPILE.format(path=str(path), backend=backend, measure=measure)],
+                         capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.splitlines()[-1])
 
 
 def test_nothing_compiles_during_generation(tmp_path_factory):
@@ -163,10 +175,7 @@ def test_nothing_compiles_during_generation(tmp_path_factory):
     from tiny import make_model
     folder = make_model(tmp_path_factory.mktemp("compile-once"), "qwen3", hidden=64, heads=8, kv_heads=2,
                         head_dim=64, max_positions=1024)
-    run = subprocess.run([sys.executable, "-c", NO_COMPILE.format(path=str(folder), backend="pool")],
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr
-    taken = json.loads(run.stdout.splitlines()[-1])
+    taken = no_compile(folder, "pool", "kernels")["seen"]
     assert taken == {k: [] for k in taken}, taken
 
 
@@ -337,6 +346,10 @@ def test_a_compile_is_timed_for_the_next_note(monkeypatch, tmp_path):
     compile's note to say (rather than a guess)."""
     monkeypatch.setenv("INFERNO_KERNELS", str(tmp_path))
     assert jitcache.last_compile() is None
+    monkeypatch.setattr(jitcache, "_misses", [jitcache.FIRST_RUN_KERNELS - 1])
+    jitcache.compiled(1.2)  # a load that compiled a kernel or two: not a first run's figure
+    assert jitcache.last_compile() is None
+    monkeypatch.setattr(jitcache, "_misses", [jitcache.FIRST_RUN_KERNELS])
     jitcache.compiled(83.4)
     assert jitcache.last_compile() == 83.4
     (tmp_path / "last-compile.json").write_text("not json")

@@ -18,8 +18,9 @@ import inferno
 
 ROOT = Path(inferno.__file__).parent
 KERNELS = ("inferno.backends.numba", "inferno.backends.torch")
-LOOP = ("inferno.engine", "inferno.scheduler", "inferno.sequence", "inferno.constrain", "inferno.tools")
-COMMANDS = ("inferno.cli", "inferno.chat", "inferno.bench")
+LOOP = ("inferno.engine", "inferno.scheduler", "inferno.sequence", "inferno.constrain", "inferno.tools",
+        "inferno.ahead")
+COMMANDS = ("inferno.cli", "inferno.chat", "inferno.bench", "inferno.helper")
 
 # What a layer may not import, by module prefix: (importer prefix, forbidden prefixes, why).
 RULES = [

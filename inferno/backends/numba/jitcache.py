@@ -9,7 +9,7 @@ at run time the code calls Numba's C helpers (registered when Numba's context is
 NRT, which is initialised here, as the refresh would have done. A miss compiles as before, and
 Numba's compiler refreshes the context itself before it compiles anything.
 
-A miss also prints one notice per process (a model's first run compiles for 30-40 s here,
+A miss also prints one notice per process (a model's first run compiles for 15-20 s here,
 silently otherwise). Only inferno's own kernels load this way (a test loads them in a fresh
 process and checks that the registries stay unimported and the answers match); other Numba code
 in the process keeps Numba's own path.
@@ -38,6 +38,7 @@ later links against them (`_ObjectLibrary`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -55,7 +56,7 @@ try:
     from numba.core.codegen import JITCodeLibrary
     from numba.core.dispatcher import Dispatcher
     from numba.core.runtime import rtsys
-    _SUPPORTED = all(hasattr(caching.Cache, name) for name in ("_load_overload", "_guard_against_spurious_io_errors"))
+    _SUPPORTED = all(hasattr(caching.Cache, name) for name in ("_load_overload", "_save_overload", "_guard_against_spurious_io_errors"))
     _LAZY_BITCODE = _SUPPORTED and all(hasattr(JITCodeLibrary, name) for name in (
         "_unserialize", "enable_object_caching", "_set_compiled_object", "_finalize_final_module",
         "_get_module_for_linking"))
@@ -64,6 +65,11 @@ try:
 except ImportError:  # a Numba whose internals moved: keep its own loading
     _SUPPORTED = _LOCATORS = _LAZY_BITCODE = False
 
+
+try:
+    import fcntl
+except ImportError:  # no POSIX locks (Windows): the saves go unlocked, as Numba's own
+    fcntl = None
 
 PACKAGE = Path(__file__).resolve().parents[2]  # inferno/
 _told = False  # whether this process has said that it compiles
@@ -245,19 +251,115 @@ def _load_overload(cache, sig, target_context):
     found, outer = None, getattr(_loading, "ours", False)
     _loading.ours = True
     try:
-        with cache._guard_against_spurious_io_errors():
-            found = cache._load_overload(sig, target_context)
+        for _ in range(2):  # again after a helper's compile of this kernel (_waited_for_helper)
+            with _index_lock("shared"), cache._guard_against_spurious_io_errors():
+                found = cache._load_overload(sig, target_context)
+            if found is not None or not _waited_for_helper(cache, sig):
+                break
     finally:
         _loading.ours = outer
+    if found is None:
+        _misses[0] += 1
     if found is None and not _told:
         _told = True
         last = last_compile()
         took = (f"{last:.0f} s here last time" if last is not None else
-                "82 s for the default model on a 2-core Zen 5, 125 s on a Zen 4")
+                "16 s to the default model's first answer on a 2-core Zen 5")
         print(f"note: compiling inferno's kernels for this CPU and these weight types, once ({took}; "
               f"Numba's cache keeps them for later loads)", file=sys.stderr, flush=True)
         _Ticker.start()
     return found
+
+
+# -- a helper process that compiles the same kernels (inferno/ahead.py) ---------------------
+_misses = [0]  # the kernels this process compiled itself
+_WAIT_POLL = 0.05  # seconds between looks at a helper's compile
+_WAIT_MAX = 300.0  # seconds a wait for one kernel lasts at most (the longest compiles in 10-20 s)
+_announcing = [False]  # whether this process is a helper (announce_compiles)
+
+
+def misses() -> int:
+    """How many of inferno's kernels this process has compiled (not found in the cache)."""
+    return _misses[0]
+
+
+def _kernel_name(py_func, sig) -> str:
+    """A kernel and signature as two processes both name them: the function, the values of
+    its closure (the kind a factory's entry was made for) and the argument types."""
+    cells = tuple(c.cell_contents for c in (py_func.__closure__ or ())
+                  if isinstance(c.cell_contents, (bool, int, str)))
+    return f"{py_func.__module__}.{py_func.__qualname__} {cells} {sig}"
+
+
+def _compiling_folder() -> Path | None:
+    return None if CACHE_FOLDER is None else CACHE_FOLDER / "compiling"
+
+
+def announce_compiles() -> None:
+    """In a helper process: name each kernel of inferno's it is about to compile (or load) in
+    a file of its own (compiling/<pid>), removed when done, so that a process that misses the
+    same kernel meanwhile waits for it (_waited_for_helper) rather than compiling it twice."""
+    folder = _compiling_folder()
+    if folder is None or getattr(Dispatcher.compile, "_announces", False):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    _announcing[0] = True
+    mine, compile_ = folder / str(os.getpid()), Dispatcher.compile
+    depth = threading.local()
+
+    def compile(self, sig):
+        if getattr(depth, "n", 0) or not self.py_func.__module__.startswith("inferno."):
+            return compile_(self, sig)
+        depth.n = 1
+        try:
+            mine.write_text(_kernel_name(self.py_func, sig))
+            return compile_(self, sig)
+        finally:
+            depth.n = 0
+            mine.unlink(missing_ok=True)
+    compile._announces = True
+    Dispatcher.compile = compile
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process, alive
+
+
+def _waited_for_helper(cache, sig) -> bool:
+    """After a miss: whether a helper process was compiling this very kernel, and this process
+    waited until it was done (up to _WAIT_MAX; its machine code is in the cache then, unless
+    it failed). A helper itself never waits (two helpers of two models would wait on each
+    other), and a file older than _WAIT_MAX, or of a process gone, is a helper's that died."""
+    folder = _compiling_folder()
+    py_func = getattr(cache, "_py_func", None)
+    if folder is None or py_func is None or _announcing[0] or not folder.is_dir():
+        return False
+    name = _kernel_name(py_func, sig)
+    for entry in folder.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        waited, deadline = False, time.monotonic() + _WAIT_MAX
+        while True:
+            try:
+                text, age = entry.read_text(), time.time() - entry.stat().st_mtime
+            except OSError:
+                break  # done: the file is gone
+            if not _alive(int(entry.name)) or age > _WAIT_MAX:
+                entry.unlink(missing_ok=True)
+                break
+            if (text and text != name) or time.monotonic() > deadline:
+                break
+            waited = waited or bool(text)  # (empty: being written)
+            time.sleep(_WAIT_POLL)
+        if waited:
+            return True
+    return False
 
 
 # -- how long a compile takes here: said before the next one, shown while it runs -----------
@@ -277,10 +379,16 @@ def last_compile() -> float | None:
         return None
 
 
+FIRST_RUN_KERNELS = 10  # a load that compiled this many kernels or more: a first run's figure
+
+
 def compiled(seconds: float) -> None:
     """A load that compiled is over, after `seconds`: stop the progress line and keep the
-    figure for the next compile's note (beside the keyed folders: any version's)."""
+    figure for the next compile's note (beside the keyed folders: any version's), when it was
+    a first run's (a load that compiled one kernel a test had not would say 1 s)."""
     _Ticker.stop()
+    if _misses[0] < FIRST_RUN_KERNELS:
+        return
     try:
         kernel_root().mkdir(parents=True, exist_ok=True)
         (kernel_root() / _RECORD).write_text(json.dumps({"seconds": round(seconds, 1)}))
@@ -314,14 +422,42 @@ class _Ticker:
             cls._thread.join(2)
 
 
+@contextlib.contextmanager
+def _index_lock(mode):
+    """The keyed folder's lock, shared for a load, exclusive for a save. Numba saves a kernel
+    by reading its function's index, adding the key and writing it back, the machine code
+    under the first data file name the index it read leaves free: two processes saving two
+    signatures of one function at once (a load and its helper, ahead.py; two servers starting)
+    would both pick the same name, and the index kept would point one signature at the other's
+    machine code. Under the lock the read, the write and the data go together."""
+    if CACHE_FOLDER is None or fcntl is None:
+        yield
+        return
+    try:
+        f = open(CACHE_FOLDER / ".lock", "a")
+    except OSError:
+        yield  # a folder that cannot be written is not written to either
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_SH if mode == "shared" else fcntl.LOCK_EX)
+        yield
+
+
+def _save_overload(cache, sig, data):
+    """Numba's Cache.save_overload, under the keyed folder's lock (_index_lock)."""
+    with _index_lock("exclusive"), cache._guard_against_spurious_io_errors():
+        cache._save_overload(sig, data)
+
+
 def _give_loader(value) -> bool:
-    """Whether `value` is a cached kernel that got the loader above just now."""
+    """Whether `value` is a cached kernel that got the loader above (and the saver) just now."""
     if not _SUPPORTED or not isinstance(value, Dispatcher):
         return False
     cache = getattr(value, "_cache", None)
     if not isinstance(cache, caching.Cache) or "load_overload" in vars(cache):
         return False
     cache.load_overload = functools.partial(_load_overload, cache)
+    cache.save_overload = functools.partial(_save_overload, cache)
     return True
 
 

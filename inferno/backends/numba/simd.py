@@ -96,6 +96,7 @@ class SimdBackend(Backend):
     name = "simd"
     threads = 1
     default_cache_type = "f16"  # llama.cpp's default: half the bytes decode reads, same answers
+    compiles_ahead = True  # kernels in a cache other processes share: a helper can compile them (ahead.py)
 
     def __init__(self, int8_activations: bool | None = None):
         # Products of Q4_K, Q5_K and Q6_K weights with one activation row (decode), a few (the
