@@ -22,7 +22,6 @@ import json
 import multiprocessing
 import statistics
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -109,36 +108,20 @@ class EngineRunner:
         self.weight_bytes_per_token = self.engine.weight_bytes_per_token
         self.load_s = self.engine.load_s
 
-    def _step(self, ids, cache) -> int:
-        logits = self.engine.ops.to_numpy(self.engine.model.forward(ids, cache, last_only=True))
-        return int(np.argmax(logits[0]))
-
+    # Both through the generation loop (Engine.generate), as a user's reply runs: the prompt cut
+    # into passes by the scheduler, each step sampled, on a device backend the captured step.
     def prefill(self, ids: list[int]) -> float:
-        cache = self.engine.model.new_cache(len(ids))
-        self.engine.ops.synchronize()
-        t0 = time.perf_counter()
-        self._step(ids, cache)
-        return time.perf_counter() - t0
+        """The prompt's passes and its first token's sample (the reply's time to first token)."""
+        return self.engine.generate(None, prompt_ids=list(ids), max_tokens=1, temperature=0).ttft_s
 
     def decode(self, first: int, n: int, context: list[int] = ()) -> float:
-        engine = self.engine
-        if engine.decodes_on_device:
-            # Through the generation loop, so each step is the captured one a reply takes;
-            # EOS is banned so that every step runs. Its decode_s is the n steps after the
-            # token the prefill samples.
-            ban = {int(e): -1e30 for e in engine.eos}
-            r = engine.generate(None, prompt_ids=list(context) + [first], max_tokens=n + 1, temperature=0,
-                                logit_bias=ban)
-            return r.decode_s
-        cache = self.engine.model.new_cache(len(context) + n)
-        if context:  # the depth to decode at, prefilled untimed
-            self._step(context, cache)
-        token = first
-        self.engine.ops.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            token = self._step([token], cache)
-        return time.perf_counter() - t0
+        """n decode steps after `context` (the depth, prefilled untimed) and `first`: its decode_s
+        counts the n steps after the token the prefill samples; EOS is banned so that every step
+        runs."""
+        ban = {int(e): -1e30 for e in self.engine.eos}
+        r = self.engine.generate(None, prompt_ids=list(context) + [first], max_tokens=n + 1, temperature=0,
+                                 logit_bias=ban)
+        return r.decode_s
 
     def peak_memory_bytes(self) -> int:
         return self.engine.ops.peak_memory_bytes()

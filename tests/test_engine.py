@@ -7,6 +7,7 @@ import pytest
 
 import inferno
 import inferno.sequence
+from inferno.model.decoder import Segment
 
 
 @pytest.fixture(scope="module")
@@ -173,26 +174,22 @@ def test_the_servers_options_reach_the_python_api(engine):
 
 def test_a_long_prompt_is_prefilled_in_passes(engine, monkeypatch):
     """A prompt longer than decoder.UBATCH goes through the model in passes of UBATCH tokens
-    (llama.cpp's n_ubatch), in forward with a cache and in generate: the last row's logits, the
-    cache's rows and the reply are those of one pass, to float32 rounding; a prompt that is a
-    multiple of the pass, after a cache, too; one that does not fit is refused before any pass."""
+    (llama.cpp's n_ubatch), cut by the scheduler: passes as it cuts them give the last row's
+    logits and the cache's rows of one pass, to float32 rounding, a prompt that is a multiple of
+    the pass after a cache too; and generate cuts a prompt so and answers as with one pass."""
     import inferno.engine
-    import inferno.model.decoder as decoder
     model, ops = engine.model, engine.ops
     rng = np.random.default_rng(3)
     ids, more = rng.integers(5, engine.config.vocab_size, 23), rng.integers(5, engine.config.vocab_size, 16)
     whole = model.new_cache(48)
     want = ops.to_numpy(model.forward(ids, whole, last_only=True))  # one pass each
     want_more = ops.to_numpy(model.forward(more, whole, last_only=True))
-    steps = []
-    step = model.step
-    monkeypatch.setattr(model, "step", lambda segments, *a, **kw: steps.append(
-        [(s.ids.size, s.start, s.logits) for s in segments]) or step(segments, *a, **kw))
-    monkeypatch.setattr(decoder, "UBATCH", 8)
     parts = model.new_cache(48)
-    got = ops.to_numpy(model.forward(ids, parts, last_only=True))
-    got_more = ops.to_numpy(model.forward(more, parts, last_only=True))
-    assert steps == [[(8, 0, False)], [(8, 8, False)], [(7, 16, True)], [(8, 23, False)], [(8, 31, True)]]
+    for chunk, start, last in ((ids[:8], 0, False), (ids[8:16], 8, False), (ids[16:], 16, True)):
+        got = model.step([Segment(chunk, 0, start, logits=last)], parts)
+    got = ops.to_numpy(got)
+    model.step([Segment(more[:8], 0, 23, logits=False)], parts)
+    got_more = ops.to_numpy(model.step([Segment(more[8:], 0, 31)], parts))
     assert parts.length == whole.length == 39
     for a, b in ((got, want), (got_more, want_more)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
@@ -202,7 +199,11 @@ def test_a_long_prompt_is_prefilled_in_passes(engine, monkeypatch):
                                    atol=1e-5 * np.abs(want_rows).max())
     with pytest.raises(inferno.InfernoError, match="KV cache full"):
         model.forward(more, parts, last_only=True)
-    assert parts.length == 39  # refused before any pass wrote
+    assert parts.length == 39  # refused before the pass wrote
+    steps = []
+    step = model.step
+    monkeypatch.setattr(model, "step", lambda segments, *a, **kw: steps.append(
+        [(s.ids.size, s.start, s.logits) for s in segments]) or step(segments, *a, **kw))
     one = engine.generate(None, prompt_ids=list(map(int, ids)), max_tokens=4, temperature=0)
     steps.clear()
     monkeypatch.setattr(inferno.engine, "UBATCH", 8)

@@ -205,17 +205,11 @@ class DecoderModel:
 
     def forward(self, token_ids, cache: KVCache | None = None, last_only: bool = False):
         """Logits for one sequence's `token_ids`, [n, vocab] (or [1, vocab] with `last_only`), as
-        a backend tensor. Without a cache this is one uncached pass over the whole sequence; with
-        one, the tokens continue slot 0 at position cache.length, and their K/V are appended
-        (with `last_only`, in passes of UBATCH tokens)."""
+        a backend tensor, in one pass. Without a cache the pass is uncached; with one, the tokens
+        continue slot 0 at position cache.length, and their K/V are appended. (A prompt cut into
+        passes of UBATCH tokens is the scheduler's: Engine.generate, which `inferno bench` times.)"""
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         start = cache.length if cache is not None else 0
-        if cache is not None and last_only and ids.size > UBATCH:
-            check_room(cache, start, ids.size)  # before any pass writes, as one step would
-            last = (ids.size - 1) // UBATCH * UBATCH
-            for i in range(0, last, UBATCH):  # a prompt's passes before its last: no logits
-                self.step([Segment(ids[i:i + UBATCH], 0, start + i, logits=False)], cache)
-            ids, start = ids[last:], start + last
         return self.step([Segment(ids, 0, start)], cache, all_logits=not last_only)
 
     def step(self, segments: list[Segment], cache: KVCache | None, all_logits: bool = False):
