@@ -199,7 +199,8 @@ def check_flags(args) -> None:
     """Every flag whose range does not depend on the model, checked before anything loads (a
     load takes seconds); --ctx-size against the model's context is load()'s, right after the
     config is read."""
-    from inferno.engine import check_ctx_size, check_max_tokens
+    from inferno.engine import check_ctx_size
+    from inferno.sequence import check_max_tokens
     given = {f: getattr(args, f) for f in SAMPLING_FIELDS if getattr(args, f) is not None}
     SamplingParams(**given, seed=args.seed)
     if args.max_tokens is not None:

@@ -467,11 +467,6 @@ def check_ctx_size(ctx_size: int | None, config=None) -> int | None:
     return ctx_size
 
 
-def check_max_tokens(max_tokens: int) -> None:
-    if max_tokens < 1:
-        raise InfernoError(f"max_tokens must be at least 1, got {max_tokens}", params=("max_tokens",))
-
-
 def quantize_weights(checkpoint: Checkpoint, qtype: str) -> None:
     """Every float matrix of the checkpoint (float32, or 16-bit kept as stored) quantized to
     `qtype` in place, rows of whole 32-weight blocks only; one line on stderr says what it did."""

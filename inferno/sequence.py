@@ -21,6 +21,12 @@ from inferno.model.sampling import SamplingParams, sample
 from inferno.tools import CallGuard
 
 
+def check_max_tokens(max_tokens: int) -> None:
+    """The one check of max_tokens (Options.check; the CLI's flags before anything loads)."""
+    if max_tokens < 1:
+        raise InfernoError(f"max_tokens must be at least 1, got {max_tokens}", params=("max_tokens",))
+
+
 @dataclass(frozen=True)
 class Options:
     """How one request generates."""
@@ -38,8 +44,7 @@ class Options:
 
     def check(self, vocab_size: int) -> None:
         """The values no sampler can take, as one error naming the option."""
-        if self.max_tokens < 1:
-            raise InfernoError(f"max_tokens must be at least 1, got {self.max_tokens}", params=("max_tokens",))
+        check_max_tokens(self.max_tokens)
         if self.top_logprobs and not 0 < self.top_logprobs <= 20:
             raise InfernoError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}",
                                params=("top_logprobs",))
