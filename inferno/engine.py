@@ -26,7 +26,6 @@ from inferno.backends.tracing import TracingBackend
 from inferno.constrain import Grammar, Grammars
 from inferno.tools import detect_format, for_template, supports_tools
 from inferno.errors import InfernoError
-from inferno.model.gguf_file import file_type_name
 from inferno.model.loader import Checkpoint, open_checkpoint
 from inferno.model.decoder import UBATCH, DecoderModel, Segment
 from inferno.model.resolve import alias_sampling, resolve
@@ -113,7 +112,7 @@ class Engine:
         self.tokenizer = checkpoint.tokenizer
         self.source = checkpoint.source
         self.file_format = checkpoint.file_format
-        self.weight_type = weight_type(checkpoint)
+        self.weight_type = checkpoint.weight_type()
         self.ctx_size = check_ctx_size(ctx_size, self.config)
         self.sampling = SamplingDefaults.layered(*checkpoint.sampling)  # what a call leaves unset
         # Tokens that end a reply: the tokenizer's turn enders and the config's eos ids.
@@ -437,21 +436,6 @@ def _count(n: int) -> str:
         if n >= size:
             return f"{n / size:.3g}{unit}"
     return str(n)
-
-
-def weight_type(checkpoint: Checkpoint) -> str:
-    """The weights' type as llama-bench names it: a GGUF's file type (Q4_K_M: a mix of
-    types), else the type holding most of the matrices' elements (BF16, F32, Q8_0)."""
-    file_type = checkpoint.metadata.get("general.file_type")
-    # A hostile file's file_type may be anything.
-    if isinstance(file_type, int) and (name := file_type_name(file_type)):
-        return name
-    elements: dict[str, int] = {}
-    for t in checkpoint.tensors.values():
-        if len(t.shape) == 2:
-            name = t.qtype.name if hasattr(t, "qtype") else "F32"
-            elements[name] = elements.get(name, 0) + t.shape[0] * t.shape[1]
-    return max(elements, key=elements.get) if elements else "F32"
 
 
 def check_ctx_size(ctx_size: int | None, config=None) -> int | None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from inferno.formats.quant import QuantTensor
 from inferno.model.config import ModelConfig
+from inferno.model.gguf_file import file_type_name
 from inferno.model.tokenizer import Tokenizer
 
 
@@ -24,6 +25,20 @@ class Checkpoint:
     # Sampling defaults the model carries, as (where from, {field: value}) layers, later ones
     # winning: generation_config.json, a GGUF's general.sampling.*, an alias's.
     sampling: list = field(default_factory=list)
+
+    def weight_type(self) -> str:
+        """The weights' type as llama-bench names it: a GGUF's file type (Q4_K_M: a mix of
+        types), else the type holding most of the matrices' elements (BF16, F32, Q8_0)."""
+        file_type = self.metadata.get("general.file_type")
+        # A hostile file's file_type may be anything.
+        if isinstance(file_type, int) and (name := file_type_name(file_type)):
+            return name
+        elements: dict[str, int] = {}
+        for t in self.tensors.values():
+            if len(t.shape) == 2:
+                name = t.qtype.name if hasattr(t, "qtype") else "F32"
+                elements[name] = elements.get(name, 0) + t.shape[0] * t.shape[1]
+        return max(elements, key=elements.get) if elements else "F32"
 
 
 def progress_bar(enabled: bool):
