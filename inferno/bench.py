@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -97,6 +98,8 @@ class EngineRunner:
 
     def __init__(self, model, backend: str, flash: bool = True, **options):
         from inferno.engine import load
+        # Every path compiled in the load, none by a helper process behind the timings (ahead.py).
+        os.environ["INFERNO_COMPILE_AHEAD"] = "0"
         self.engine = load(model, backend=backend, flash=flash, progress=False, **options)
         self.model_name = model_label(model)
         self.weight_type = self.engine.weight_type
