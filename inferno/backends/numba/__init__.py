@@ -1,4 +1,10 @@
-"""The Numba backends: `simd` (one core) and `pool` (its kernels on every core), with their
-kernels grouped by concern: dense and attention (kernels.py), the KV cache (kv_kernels.py),
-quantized linears and int8 (qkernels.py, qdot.py), vector lanes (lanes.py, ilanes.py), and the
-runtime they sit on (blas.py, jitcache.py, contention.py)."""
+"""The Numba backends: `simd` (one core, simd.py) and `pool` (its kernels on every core,
+pool.py), with their kernels grouped by concern:
+- dense float32 rows (dense.py) and flash attention (attention.py); the KV cache (kv_kernels.py);
+- quantized linears: the drivers and which path a product takes (qkernels.py: linear_path), the
+  K-quants' int8 rows and GEMM panels (qdot.py, qgemm.py), Q4_K stored as panels (kpanels.py),
+  the legacy kinds' int16 rows and GEMM (ldot.py, lgemm.py); a step's experts (experts.py);
+- the weight and cache kinds as the kernels branch on them (codes.py), vector lanes (lanes.py,
+  ilanes.py);
+- the runtime they sit on: BLAS (blas.py), the kernel cache (jitcache.py), the free cores
+  (contention.py)."""
