@@ -54,11 +54,14 @@ def load_warm_up(engine, plan: "Plan | None") -> None:
     share (the module docstring says how)."""
     from inferno.backends.numba import jitcache
 
-    if plan is None or plan.folder() is None or not enabled() or plan.failed():
-        engine.warm_up("rest")  # every path here (and, for a failed helper, no second try)
+    def every_path_here() -> None:
+        engine.warm_up("rest")
         if plan is not None:
             for part in PARTS:
                 plan.mark(part)
+
+    if plan is None or plan.folder() is None or not enabled() or plan.failed():
+        every_path_here()  # (and, for a failed helper, no second try)
         return
     if plan.ready("rest"):
         before = jitcache.misses()
@@ -69,9 +72,7 @@ def load_warm_up(engine, plan: "Plan | None") -> None:
         plan.clear()  # marked, yet compiled: the kernels went (a cache emptied by hand)
     engine.helper = plan.start_helper()
     if engine.helper is None and not plan.helper_running():
-        engine.warm_up("rest")  # no helper could start (see start_helper): every path here
-        for part in PARTS:
-            plan.mark(part)
+        every_path_here()  # no helper could start (see start_helper)
         return
     if engine.helper is not None:
         print(f"note: a helper process (pid {engine.helper.pid}) compiles the kernels of the other paths "
@@ -153,7 +154,7 @@ class Plan:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (here, os.environ.get("PYTHONPATH"))))}
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            if _locked(folder / f"{self.key}.lock"):
+            if self.helper_running():
                 return None
             with open(folder / f"{self.key}.log", "ab") as log:
                 helper = subprocess.Popen([sys.executable, "-m", "inferno.helper", json.dumps(self.args)],
