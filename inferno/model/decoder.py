@@ -132,6 +132,9 @@ class _Batch:
         self.positions = np.concatenate([np.arange(s.start, s.start + s.ids.size) for s in self.segments])
         self.slots = np.array([s.slot for s in self.segments[:self.n_decode]], dtype=np.int64)
         self.kv_lens = np.array([s.start + 1 for s in self.segments[:self.n_decode]], dtype=np.int64)
+        # Every row's slot and keys (its position + 1): the whole step as decode_attention takes it.
+        self.row_slots = np.concatenate([np.full(s.ids.size, s.slot, np.int64) for s in self.segments])
+        self.row_kv_lens = self.positions + 1
 
 
 class DecoderModel:
@@ -331,6 +334,12 @@ class DecoderModel:
             s = batch.segments[j]
             ops.write_kv(cache.k[i], s.slot, s.start, ops.rows(k, r[j], r[j + 1]))
             ops.write_kv(cache.v[i], s.slot, s.start, ops.rows(v, r[j], r[j + 1]))
+        if ops.batch_invariant:
+            # Every row against its slot's keys up to its own position, as a decode step reads
+            # them: a prompt's row then comes out the same whatever chunk it came in.
+            ctx = ops.decode_attention(q, cache.k[i], cache.v[i], batch.row_slots, batch.row_kv_lens,
+                                       nh, nkv, hd, window=window, scale=scale)
+            return ops.linear(ctx, layer.o_proj)
         parts = []  # (first row, [rows, nh * hd]) per attention call
         if batch.n_decode:
             # Every decoding sequence at once, each against its own slot, read in place.

@@ -643,6 +643,56 @@ def fsum8(typingctx, v):
     return types.float32(f32x8), codegen
 
 
+# -- one order of arithmetic (the legacy kinds' products, batch-invariant) -----------------------------
+# LLVM may reassociate and contract the kernels' fast-math adds; a sum that must come out the
+# same bit for bit in two kernels is written with llvm.fma, which it leaves as it is.
+@intrinsic
+def fma8(typingctx, a, b, c):
+    """a * b + c lane by lane, rounded once (llvm.fma: never reassociated)."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F8, [_F8, _F8, _F8]),
+                                            "llvm.fma.v8f32")
+        return builder.call(fn, list(args))
+    return f32x8(f32x8, f32x8, f32x8), codegen
+
+
+@intrinsic
+def f16vec8(typingctx, f, o0, o1, o2, o3, o4, o5, o6, o7):
+    """The IEEE halves at bytes f[o_i:o_i + 2] as one f32x8, o0's in lane 0: eight loads into
+    one half vector and one conversion (vcvtph2ps), not eight."""
+    def codegen(context, builder, sig, args):
+        hv = ir.VectorType(ir.HalfType(), 8)
+        v = ir.Constant(hv, ir.Undefined)
+        for i, o in enumerate(args[1:]):
+            p = _address(context, builder, sig.args[0], args[0], o, ir.HalfType(), 1)
+            v = builder.insert_element(v, builder.load(p, align=1), ir.Constant(_I32, i))
+        return builder.fpext(v, _F8)
+    return f32x8(f, *([types.intp] * 8)), codegen
+
+
+def _even_odd_sum(builder, a, b):
+    """Lanes (a0 + a1, a2 + a3, .., b0 + b1, ..): adjacent pairs of a, then of b, summed."""
+    n = a.type.count
+    evens = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, n), list(range(0, 2 * n, 2))))
+    odds = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, n), list(range(1, 2 * n, 2))))
+    return builder.add(evens, odds)
+
+
+@intrinsic
+def isums8(typingctx, a, b, c, d, e, f, g, h):
+    """Lane i: the sum of the eight int32 lanes of the i-th argument (eight i32x8): eight rows'
+    block sums side by side, exact, in three levels of pairwise adds."""
+    if any(t != i32x8 for t in (a, b, c, d, e, f, g, h)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = list(args)
+        while len(v) > 1:
+            v = [_even_odd_sum(builder, v[i], v[i + 1]) for i in range(0, len(v), 2)]
+        return v[0]
+    return i32x8(a, b, c, d, e, f, g, h), codegen
+
+
 fload8 = _vector_load("fload8", f32x8, _F32, 8, 4, "The 8 float32 f[o:o + 8].")
 
 

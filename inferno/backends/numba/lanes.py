@@ -111,6 +111,16 @@ def vfma(typingctx, a, b, c):
 
 
 @intrinsic
+def vfma_exact(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma, which fast-math never reassociates: ilanes.fma8)."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]),
+                                            "llvm.fma.v16f32")
+        return builder.call(fn, list(args))
+    return f32x16(f32x16, f32x16, f32x16), codegen
+
+
+@intrinsic
 def vsum(typingctx, v):
     """The sum of the 16 lanes (a reassociated tree reduction)."""
     def codegen(context, builder, sig, args):

@@ -22,10 +22,10 @@ q as stored (Q8_0: signed bytes, m = 0; Q4_0: 0..15, m = -8 d; Q4_1: 0..15, m it
 0..31, m = -16 d; Q5_1: 0..31). The integer dot product is exact (|q qx| < 2^22, 32 of them), so
 a row's result equals the dequantised weights times x' up to float32 rounding.
 
-Decode alone runs here. A few rows multiply the same x' (`rounded`, the same rounding) through
-the float kernels; a prefill the same int16 rows through lgemm's GEMM where there is VNNI, else
-x' through sgemm. A row's result then does not depend on how its tokens were grouped into steps
-beyond float32 rounding.
+Decode and a few rows run here (l_rows), a prefill's rows through lgemm's GEMM, in one order of
+arithmetic: per output, block by block, acc = fma(float(q . qx), d dx, acc) (and fma(m, xs, acc)
+for Q4_1 and Q5_1). A row's result is then the same bit for bit however its tokens were
+grouped into steps, on any number of threads (tests/test_invariance.py).
 
 On AVX-512 machines with VNNI the decode here ran within noise of the float32 kernels (SmolLM2's
 Q8_0, Q4_1, Q5_0 and Q4_K_M files, Gemma 3: 0.94-1.11x, bench/RESULTS.md), so the backends turn
@@ -40,12 +40,13 @@ import numpy as np
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dense import FAST
 from inferno.backends.numba.ilanes import (
-    fsum8, fzero8, hload, iadd, ifma, maddwd, target_features, vamax2, vrint, vstore_i16, wadd,
-    wbits, wbytes, wnib,
+    f16vec8, fload8, fma8, fmul8, fsplat8, fstore8, fzero8, hload, iadd, ifloat, isums8, maddwd,
+    target_features, vamax2, vrint, vstore_i16, wadd, wbits, wbytes, wnib, wsub_const,
 )
-from inferno.backends.numba.lanes import f16at, prefetch, vload, vmul, vsplat, vstore, vsum
+from inferno.backends.numba.lanes import f16at, prefetch, vload, vmul, vsplat, vsum
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
+inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 
 LEGACY_KINDS = frozenset(WeightKind[k] for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"))
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 = (int(WeightKind[k]) for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"))
@@ -67,13 +68,11 @@ def legacy(kind):
 
 # -- the activations ----------------------------------------------------------------------------------
 @jit
-def quantize_rows(x, x16, dx, xs, rounded, b0, b1):
+def quantize_rows(x, x16, dx, xs, b0, b1):
     """Rows b0..b1 of x [B, n] rounded to int16 with a scale per block of 32: qx = round(x / dx),
-    dx = max|x| / 32767 over the block, into x16 [B, n] and dx [B, n / 32], or, where `rounded`
-    has rows, x' = dx qx into it as float32 instead. xs [B, n / 32]: with x16, the sums of x' over
-    each block (dx times a sum of integers: exact up to one rounding)."""
+    dx = max|x| / 32767 over the block, into x16 [B, n] and dx [B, n / 32]; xs [B, n / 32] the
+    sums of x' = dx qx over each block (dx times a sum of integers: exact up to one rounding)."""
     n = x.shape[1]
-    out16 = rounded.shape[0] == 0
     for b in range(b0, b1):
         for g in range(n // 32):
             o = b * n + 32 * g
@@ -83,36 +82,20 @@ def quantize_rows(x, x16, dx, xs, rounded, b0, b1):
             dx[b, g] = d
             inv = vsplat(QMAX / amax if amax > 0 else np.float32(0.0))
             ql, qh = vrint(vmul(lo, inv)), vrint(vmul(hi, inv))
-            if out16:
-                xs[b, g] = d * (vsum(ql) + vsum(qh))
-                vstore_i16(x16, o, ql)
-                vstore_i16(x16, o + 16, qh)
-            else:
-                vstore(rounded, o, vmul(ql, vsplat(d)))
-                vstore(rounded, o + 16, vmul(qh, vsplat(d)))
+            xs[b, g] = d * (vsum(ql) + vsum(qh))
+            vstore_i16(x16, o, ql)
+            vstore_i16(x16, o + 16, qh)
 
 
 @jit
 def quantized(x):
-    """x's one row as `quantize_rows` writes it: (x16, dx, xs)."""
+    """x's rows as `quantize_rows` writes them: (x16, dx, xs)."""
     B, n = x.shape
     x16 = np.empty((B, n), np.int16)
     dx = np.empty((B, n // 32), np.float32)
     xs = np.empty((B, n // 32), np.float32)
-    quantize_rows(x, x16, dx, xs, np.empty((0, n), np.float32), 0, B)
+    quantize_rows(x, x16, dx, xs, 0, B)
     return x16, dx, xs
-
-
-@jit
-def rounded(x):
-    """x' [B, n]: the float32 values x's rows take as int16 (`quantize_rows`), for the float
-    kernels and sgemm."""
-    B, n = x.shape
-    out = np.empty_like(x)
-    dx = np.empty((B, n // 32), np.float32)
-    xs = np.empty((B, n // 32), np.float32)
-    quantize_rows(x, np.empty((0, n), np.int16), dx, xs, out, 0, B)
-    return out
 
 
 # -- the matvec ---------------------------------------------------------------------------------------
@@ -135,30 +118,149 @@ def block(kind, f, o):
 
 
 @jit
-def l_rows(kind, w, x16, dx, xs, y, r0, r1):
-    """y[r] = w[r] . x' for rows r0..r1 of w, of a legacy kind (a literal: each compiles its own
-    loops), x' the one activation row `quantized` wrote. Two weight rows per pass share each
-    load of the activations, and one prefetch per block walks the next pass's rows (as
-    qkernels.matvec_rows)."""
+def offset(kind):
+    """Whether the kind's blocks keep an offset m beside d q (Q4_1, Q5_1): Q4_0's and Q5_0's
+    are taken into the integers (`signed_block`)."""
+    return kind == Q4_1 or kind == Q5_1
+
+
+@inline
+def signed_block(kind, f, o):
+    """The block at byte o as the products take it: (lo, hi, d, m), q as two runs of 16 int16,
+    Q4_0's q - 8 and Q5_0's q - 16 (their offsets taken into the integers, exactly), m Q4_1's
+    and Q5_1's offset (0 for the others)."""
+    lo, hi, d, m = block(kind, f, o)
+    if kind == Q4_0:
+        return wsub_const(lo, 8), wsub_const(hi, 8), d, np.float32(0.0)
+    if kind == Q5_0:
+        return wsub_const(lo, 16), wsub_const(hi, 16), d, np.float32(0.0)
+    return lo, hi, d, m
+
+
+@inline
+def block_sum(kind, f, o, xl, xh):
+    """q . qx for the block at byte o against activations xl, xh: int32 lanes of the products,
+    summed in pairs (not yet across lanes)."""
+    lo, hi, _, _ = signed_block(kind, f, o)
+    return iadd(maddwd(lo, xl), maddwd(hi, xh))
+
+
+@inline
+def scales(kind, f, o0, o1, o2, o3, o4, o5, o6, o7):
+    """(d, m) of the eight blocks at bytes o0..o7, each an f32x8 (m zero but for Q4_1 and
+    Q5_1, whose m is the half after d)."""
+    d = f16vec8(f, o0, o1, o2, o3, o4, o5, o6, o7)
+    if offset(kind):
+        return d, f16vec8(f, o0 + 2, o1 + 2, o2 + 2, o3 + 2, o4 + 2, o5 + 2, o6 + 2, o7 + 2)
+    return d, fzero8()
+
+
+@inline
+def prefetch_block(f, ahead, b, bb):
+    """The next pass's eight rows, a block's worth: 8 bb bytes from ahead + 8 b."""
+    p = ahead + 8 * b
+    while p < ahead + 8 * (b + bb):
+        prefetch(f, p)
+        p += 64
+
+
+@jit
+def l_rows(kind, w, x16, dx, xs, out, r0, r1):
+    """out[a, r] = w[r] . x'[a] for rows r0..r1 of w, of a legacy kind (a literal: each compiles
+    its own loops), and the activation rows a of x' that `quantized` wrote (one for decode, a
+    few for a batched step).
+
+    The order of arithmetic is lgemm's, so that a row's result is the same bit for bit
+    whatever rows share its step (lgemm.l_gemm takes many): for each output, block by block,
+    acc = fma(float(q . qx), d dx, acc), then for Q4_1 and Q5_1 acc = fma(m, xs, acc). Eight
+    weight rows go at a time, their block sums transposed into the lanes of one vector
+    (ilanes.isums8) and their scales loaded into another (ilanes.f16vec8), so the float work
+    is one fma per block for eight rows, as in the GEMM's panels; with several activation rows
+    each block is widened once for all of them. The next eight rows are prefetched as these
+    are read, a block's worth each block (eight streams outrun the hardware's prefetchers: the
+    lm_head ran at a third of the speed without). Rows past r1 in the last pass repeat its
+    last row and are not stored."""
+    if x16.shape[0] == 1:
+        _l_one(kind, w, x16, dx, xs, out, r0, r1)
+    else:
+        _l_few(kind, w, x16, dx, xs, out, r0, r1)
+
+
+@jit
+def _l_one(kind, w, x16, dx, xs, out, r0, r1):
+    """l_rows for one activation row, its accumulator in a register (its own function: sharing
+    one with _l_few's loops cost decode a quarter of its speed)."""
     f = w.reshape(-1)
     rb = w.shape[1]
     blocks = x16.shape[1] // 32
     bb = rb // blocks
+    last = r1 - 1
+    lanes = np.empty(8, np.float32)
     r = r0
     while r < r1:
-        ra, rc = r * rb, min(r + 1, r1 - 1) * rb  # an odd last row is paired with itself
-        a, c = fzero8(), fzero8()
-        ma, mc = np.float32(0.0), np.float32(0.0)
+        o0, o1, o2, o3 = r * rb, min(r + 1, last) * rb, min(r + 2, last) * rb, min(r + 3, last) * rb
+        o4, o5, o6, o7 = min(r + 4, last) * rb, min(r + 5, last) * rb, min(r + 6, last) * rb, min(r + 7, last) * rb
+        ahead = (r + 8) * rb
+        acc = fzero8()
         for g in range(blocks):
-            prefetch(f, rc + rb + 2 * bb * g)
-            xl, xh, e, s = hload(x16, 32 * g), hload(x16, 32 * g + 16), dx[0, g], xs[0, g]
-            la, ha, da, oa = block(kind, f, ra + bb * g)
-            lc, hc, dc, oc = block(kind, f, rc + bb * g)
-            a = ifma(a, iadd(maddwd(la, xl), maddwd(ha, xh)), da * e)
-            c = ifma(c, iadd(maddwd(lc, xl), maddwd(hc, xh)), dc * e)
-            ma += oa * s
-            mc += oc * s
-        y[r] = fsum8(a) + ma
-        if r + 1 < r1:
-            y[r + 1] = fsum8(c) + mc
-        r += 2
+            b = bb * g
+            prefetch_block(f, ahead, b, bb)
+            xl, xh = hload(x16, 32 * g), hload(x16, 32 * g + 16)
+            sums = isums8(block_sum(kind, f, o0 + b, xl, xh), block_sum(kind, f, o1 + b, xl, xh),
+                          block_sum(kind, f, o2 + b, xl, xh), block_sum(kind, f, o3 + b, xl, xh),
+                          block_sum(kind, f, o4 + b, xl, xh), block_sum(kind, f, o5 + b, xl, xh),
+                          block_sum(kind, f, o6 + b, xl, xh), block_sum(kind, f, o7 + b, xl, xh))
+            d, m = scales(kind, f, o0 + b, o1 + b, o2 + b, o3 + b, o4 + b, o5 + b, o6 + b, o7 + b)
+            acc = fma8(ifloat(sums), fmul8(d, fsplat8(dx[0, g])), acc)
+            if offset(kind):
+                acc = fma8(m, fsplat8(xs[0, g]), acc)
+        fstore8(lanes, 0, acc)
+        for i in range(min(8, r1 - r)):
+            out[0, r + i] = lanes[i]
+        r += 8
+
+
+@jit
+def _l_few(kind, w, x16, dx, xs, out, r0, r1):
+    """l_rows for a few activation rows: each block of the eight weight rows widened once for
+    all of them, their accumulators in memory between blocks."""
+    f = w.reshape(-1)
+    rb = w.shape[1]
+    B, blocks = x16.shape[0], x16.shape[1] // 32
+    bb = rb // blocks
+    last = r1 - 1
+    lanes = np.empty(8 * B, np.float32)
+    r = r0
+    while r < r1:
+        o0, o1, o2, o3 = r * rb, min(r + 1, last) * rb, min(r + 2, last) * rb, min(r + 3, last) * rb
+        o4, o5, o6, o7 = min(r + 4, last) * rb, min(r + 5, last) * rb, min(r + 6, last) * rb, min(r + 7, last) * rb
+        ahead = (r + 8) * rb
+        for i in range(8 * B):
+            lanes[i] = 0.0
+        for g in range(blocks):
+            b = bb * g
+            prefetch_block(f, ahead, b, bb)
+            l0, h0, _, _ = signed_block(kind, f, o0 + b)
+            l1, h1, _, _ = signed_block(kind, f, o1 + b)
+            l2, h2, _, _ = signed_block(kind, f, o2 + b)
+            l3, h3, _, _ = signed_block(kind, f, o3 + b)
+            l4, h4, _, _ = signed_block(kind, f, o4 + b)
+            l5, h5, _, _ = signed_block(kind, f, o5 + b)
+            l6, h6, _, _ = signed_block(kind, f, o6 + b)
+            l7, h7, _, _ = signed_block(kind, f, o7 + b)
+            d, m = scales(kind, f, o0 + b, o1 + b, o2 + b, o3 + b, o4 + b, o5 + b, o6 + b, o7 + b)
+            for a in range(B):
+                xo = a * x16.shape[1] + 32 * g
+                xl, xh = hload(x16, xo), hload(x16, xo + 16)
+                sums = isums8(iadd(maddwd(l0, xl), maddwd(h0, xh)), iadd(maddwd(l1, xl), maddwd(h1, xh)),
+                              iadd(maddwd(l2, xl), maddwd(h2, xh)), iadd(maddwd(l3, xl), maddwd(h3, xh)),
+                              iadd(maddwd(l4, xl), maddwd(h4, xh)), iadd(maddwd(l5, xl), maddwd(h5, xh)),
+                              iadd(maddwd(l6, xl), maddwd(h6, xh)), iadd(maddwd(l7, xl), maddwd(h7, xh)))
+                acc = fma8(ifloat(sums), fmul8(d, fsplat8(dx[a, g])), fload8(lanes, 8 * a))
+                if offset(kind):
+                    acc = fma8(m, fsplat8(xs[a, g]), acc)
+                fstore8(lanes, 8 * a, acc)
+        for a in range(B):
+            for i in range(min(8, r1 - r)):
+                out[a, r + i] = lanes[8 * a + i]
+        r += 8

@@ -6,8 +6,8 @@ eight products an instruction a 256-bit lane set. VNNI's vpdpwssd multiplies six
 and adds them into eight int32 lanes in one instruction, at the rate of an FMA, so the same
 products take half the instructions (a zmm one, twice the products again). The activations are the int16 rows ldot.py's decode takes
 (ldot.quantize_rows: a scale per block of 32, within 1.5e-5 of the block's largest value), so
-a row's result does not depend on whether it came alone (ldot.l_rows), among a few (the float
-kernels on x', the values those int16 hold) or in a prefill (here), beyond float32 rounding.
+a row's result does not depend on whether it came alone or among a few (ldot.l_rows) or in a
+prefill (here).
 llama.cpp's repacked Q8_0 GEMM rounds its activations to int8 instead; bench/RESULTS.md ("Q8_0
 with int8 activations: built, measured, dropped") says what that costs the logits here.
 
@@ -26,8 +26,9 @@ and eight float32 accumulators leave AVX-512's 32 vector registers room. At the 
 each accumulator is converted and takes d dx (and, for Q4_1 and Q5_1, m times the sum of x'
 over the block):
   y = sum_g d_g dx_g (q . qx)_g + m_g xs_g,
-the terms ldot.l_rows sums (in another float32 order; it keeps Q4_0's and Q5_0's offsets as
-m = -8 d and -16 d, the same products).
+summed block by block with one rounding per fma, never reassociated (lanes.vfma_exact): the
+order ldot.l_rows keeps for decode and a few rows, so a row's result is the same bit for bit
+whatever rows share its step.
 
 The panels are packed as a call needs them, 32 rows at a time, from the blocks where they lie
 (the mapped file), into scratch that stays in L2 while every activation row goes by: nothing
@@ -44,10 +45,10 @@ import numpy as np
 
 from inferno.backends.numba.dense import FAST as FASTMATH
 from inferno.backends.numba.ilanes import (
-    _vnni, bstore_columns, dpwssd, fast_int_dot, ifloat, wsub_const, zhload, zhsplat2, zizero,
+    _vnni, bstore_columns, dpwssd, fast_int_dot, ifloat, zhload, zhsplat2, zizero,
 )
-from inferno.backends.numba.lanes import vfma, vload, vmul, vsplat, vstore, vzero
-from inferno.backends.numba.ldot import Q4_0, Q4_1, Q5_0, Q5_1, block
+from inferno.backends.numba.lanes import prefetch_l2, vfma_exact, vload, vmul, vsplat, vstore, vzero
+from inferno.backends.numba.ldot import offset, signed_block
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
 inline = nb.njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
@@ -68,23 +69,6 @@ ROW_BLOCK = 128
 
 
 @jit
-def offset(kind):
-    """Whether the kind's panels keep an offset m (Q4_1, Q5_1)."""
-    return kind == Q4_1 or kind == Q5_1
-
-
-@inline
-def weights(kind, f, o):
-    """The block at byte o as a panel holds it: (lo, hi, d, m), q as two runs of 16 int16."""
-    lo, hi, d, m = block(kind, f, o)
-    if kind == Q4_0:
-        return wsub_const(lo, 8), wsub_const(hi, 8), d, m
-    if kind == Q5_0:
-        return wsub_const(lo, 16), wsub_const(hi, 16), d, m
-    return lo, hi, d, m
-
-
-@jit
 def buffers(blocks):
     """Scratch for one panel of `blocks` blocks: (pq, pd, pm)."""
     return (np.empty(blocks * BLOCK_BYTES, np.uint8), np.empty(blocks * ROWS, np.float32),
@@ -98,14 +82,14 @@ def pack_half(kind, f, o, rb, blocks, half, pq, pd, pm):
     bb = rb // blocks
     for g in range(blocks):
         a = o + bb * g
-        l0, h0, d0, m0 = weights(kind, f, a)
-        l1, h1, d1, m1 = weights(kind, f, a + rb)
-        l2, h2, d2, m2 = weights(kind, f, a + 2 * rb)
-        l3, h3, d3, m3 = weights(kind, f, a + 3 * rb)
-        l4, h4, d4, m4 = weights(kind, f, a + 4 * rb)
-        l5, h5, d5, m5 = weights(kind, f, a + 5 * rb)
-        l6, h6, d6, m6 = weights(kind, f, a + 6 * rb)
-        l7, h7, d7, m7 = weights(kind, f, a + 7 * rb)
+        l0, h0, d0, m0 = signed_block(kind, f, a)
+        l1, h1, d1, m1 = signed_block(kind, f, a + rb)
+        l2, h2, d2, m2 = signed_block(kind, f, a + 2 * rb)
+        l3, h3, d3, m3 = signed_block(kind, f, a + 3 * rb)
+        l4, h4, d4, m4 = signed_block(kind, f, a + 4 * rb)
+        l5, h5, d5, m5 = signed_block(kind, f, a + 5 * rb)
+        l6, h6, d6, m6 = signed_block(kind, f, a + 6 * rb)
+        l7, h7, d7, m7 = signed_block(kind, f, a + 7 * rb)
         at = BLOCK_BYTES * g + 32 * half
         bstore_columns(pq, at, STEP_BYTES, l0, l1, l2, l3, l4, l5, l6, l7)
         bstore_columns(pq, at + 8 * STEP_BYTES, STEP_BYTES, h0, h1, h2, h3, h4, h5, h6, h7)
@@ -144,13 +128,14 @@ def step(qa, qb, x16, k, g):
 
 @inline
 def block_end(kind, f, g, da, db, ma, mb, dx, xs):
-    """f + a block's int32 sums times d dx (and the offsets times the sum of x' over the block)."""
+    """f + a block's int32 sums times d dx (and the offsets times the sum of x' over the block),
+    in ldot.l_rows' order and roundings (so a row's result does not depend on its company)."""
     e = vsplat(dx)
-    fa = vfma(ifloat(g[0]), vmul(da, e), f[0])
-    fb = vfma(ifloat(g[1]), vmul(db, e), f[1])
+    fa = vfma_exact(ifloat(g[0]), vmul(da, e), f[0])
+    fb = vfma_exact(ifloat(g[1]), vmul(db, e), f[1])
     if offset(kind):
         s = vsplat(xs)
-        fa, fb = vfma(ma, s, fa), vfma(mb, s, fb)
+        fa, fb = vfma_exact(ma, s, fa), vfma_exact(mb, s, fb)
     return fa, fb
 
 
@@ -199,6 +184,7 @@ def l_gemm(kind, w, x16, dx, xs, out, r0, r1):
     row b that ldot.quantize_rows wrote into x16, dx and xs: 32 weight rows at a time, packed once
     as two panels and then met by the activation rows four at a time, then two, then one."""
     B, blocks = x16.shape[0], x16.shape[1] // 32
+    f, rb = w.reshape(-1), w.shape[1]
     pa, pb = buffers(blocks), buffers(blocks)
     pad = np.empty(ROWS * w.shape[1], np.uint8)
     lanes = np.empty(4 * PANELS * ROWS, np.float32)
@@ -208,6 +194,11 @@ def l_gemm(kind, w, x16, dx, xs, out, r0, r1):
             n = min(PANELS * ROWS, r1 - p0)
             pack(kind, w, p0, min(ROWS, n), pa, pad)
             pack(kind, w, p0 + ROWS, max(n - ROWS, 0), pb, pad)
+            # The next pass's rows into L2 while the activation rows meet these (a few rows
+            # leave too little time for the hardware's prefetchers over 32 row streams).
+            ahead = (p0 + PANELS * ROWS) * rb
+            for line in range(0, min(PANELS * ROWS, max(r1 - p0 - PANELS * ROWS, 0)) * rb, 64):
+                prefetch_l2(f, ahead + line)
             b = b0
             while b + 4 <= b1:
                 panels(kind, FOUR, pa, pb, x16, dx, xs, out, b, p0, n, lanes)

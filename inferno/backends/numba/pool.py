@@ -41,6 +41,7 @@ from inferno.backends.numba import dense as K
 from inferno.backends.numba import kv_kernels as KV
 from inferno.backends.numba import experts as E
 from inferno.backends.numba.experts import NO_ROWS
+from inferno.backends.numba.ldot import LEGACY_KINDS
 from inferno.backends.numba.contention import Contention
 from inferno.backends.numba import qkernels as Q
 from inferno.backends.numba.qkernels import chunk_start
@@ -118,11 +119,12 @@ def _flash(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale):
 
 
 @nb.njit(parallel=True, cache=True)
-def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits):
+def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, splits):
+    n_splits = splits.max()
     part_acc, part_m, part_l = KV.alloc_parts(q.shape[0], q.shape[1] // head_dim, n_splits, head_dim)
-    for job in nb.prange(q.shape[0] * n_splits):  # (sequence, range of its keys)
+    for job in nb.prange(q.shape[0] * n_splits):  # (row, range of its keys)
         KV.decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
-                      np.int64(job), part_acc, part_m, part_l)  # (np.int64: see _flash)
+                      np.int64(job), splits, part_acc, part_m, part_l)  # (np.int64: see _flash)
     out = np.empty_like(q)
     KV.merge_parts(part_acc, part_m, part_l, out)  # on the calling thread, after the jobs
     return out
@@ -134,8 +136,8 @@ def _decode_for(kind: CacheKind):
     kind = int(CacheKind(kind))  # the closure's literal
 
     @nb.njit(cache=True, nogil=True)
-    def decode_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits):
-        return _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, n_splits)
+    def decode_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, splits):
+        return _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, splits)
     return jitcache.lazy(decode_kind)
 
 
@@ -148,7 +150,6 @@ class PoolBackend(SimdBackend):
     # (a decode row's norm, or attention over a short cache, is a few microseconds of work).
     parallel_min_elements = 1 << 15  # row-wise ops: rows x features; matmuls: multiply-adds
     parallel_min_attention = 1 << 17  # query rows x keys x n_heads x head_dim
-    decode_min_keys = 256  # keys per decode job at the least
     _one_launch = True  # linear_many's one launch over all its weights (off in every_path)
 
     def __init__(self, threads: int | None = None, int8_activations: bool | None = None,
@@ -214,13 +215,13 @@ class PoolBackend(SimdBackend):
             self._launch(parallel, *args, out, min(self.threads, rows))
 
     # -- dense ops ------------------------------------------------------------------------------
-    def linear(self, x, w, legacy: bool | None = None):
+    def linear(self, x, w):
         x = contiguous(x)
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
         if isinstance(w, QuantTensor):
             check_width(x, w)
             kind, tile = WeightKind.of(w), prefill_tile(w.shape[1])
-            legacy = self._legacy if legacy is None else legacy
+            legacy = self._legacy
             if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
                 Q.linear_for(kind)(w.data, x, out, tile, self._int8_mode(w), legacy)
             else:
@@ -241,14 +242,16 @@ class PoolBackend(SimdBackend):
     def linear_many(self, x, ws):
         """One launch over all the weights' rows (q/k/v, gate/up) when they are all quantized and
         x has at most Q.FEW_MAX rows, into one buffer whose column ranges are returned (views;
-        contiguous when x has one row); otherwise one linear per weight (simd's linear_many, which
-        rounds x once for the legacy kinds' int16). (Decode calls this
+        contiguous when x has one row); otherwise (and for more than Q.LEGACY_FEW rows of a
+        legacy kind, which lgemm takes) one linear per weight (simd's linear_many, which rounds x
+        once for the legacy kinds' int16). (Decode calls this
         60 times a token on SmolLM2: one pass over ws gathers everything the launch needs.)"""
         x = contiguous(x)
         rows, cols = x.shape
         kinds, datas, total = [], [], 0
         for w in ws:
-            if not isinstance(w, QuantTensor) or rows > Q.FEW_MAX or self.threads == 1 or not self._one_launch:
+            if (not isinstance(w, QuantTensor) or rows > Q.FEW_MAX or self.threads == 1 or not self._one_launch
+                    or (rows > Q.LEGACY_FEW and self._legacy and WeightKind.of(w) in LEGACY_KINDS)):
                 return super().linear_many(x, ws)
             check_width(x, w)
             kinds.append(WeightKind.of(w))
@@ -262,19 +265,13 @@ class PoolBackend(SimdBackend):
         while len(kinds) < MANY:
             kinds.append(kinds[0])
             datas.append(NO_ROWS)
-        self._launch(Q.linear_many_par_for(*kinds, rows == 1, self._legacy), tuple(datas), x, out,
+        self._launch(Q.linear_many_par_for(*kinds, self._legacy), tuple(datas), x, out,
                      self.threads, max(self._int8_mode(w) for w in ws))
         views, start = [], 0
         for w in ws:
             views.append(out[:, start:start + w.shape[0]])
             start += w.shape[0]
         return views
-
-    def _rounded(self, x):
-        """simd's, a prefill's rows split across threads."""
-        if self.threads == 1 or x.shape[0] < Q.PAR_ACTIVATIONS:
-            return super()._rounded(x)
-        return self._launch(Q.rounded_par, x, self.threads)
 
     def _quantized(self, x):
         """simd's, a prefill's rows split across threads."""
@@ -362,13 +359,10 @@ class PoolBackend(SimdBackend):
         else:
             self._launch(_flash, *args)
 
-    def _decode_plan(self, kind: CacheKind, seqs: int, keys_per_seq: int, work: int):
-        """Cut each sequence's keys into ranges so that the jobs share out evenly
-        over the threads (prange hands each thread an equal run of jobs), none shorter than
-        decode_min_keys; a small step runs serially on the calling thread."""
+    def _decode_kernel(self, kind: CacheKind, work: int):
+        """The jobs shared out over the team when the work pays for a launch (prange hands each
+        thread an equal run of jobs); a small step runs on the calling thread. Either way the
+        jobs are cut alike (KV.row_splits), so the results do not depend on which."""
         if self.threads == 1 or work < self.parallel_min_attention:
-            return 1, KV.decode_all_for(kind)
-        most = max(1, keys_per_seq // self.decode_min_keys)
-        splits = next((s for s in range(1, most + 1) if seqs * s % self.threads == 0), most)
-        return splits, functools.partial(self._launch, _decode_for(kind))
-
+            return KV.decode_all_for(kind)
+        return functools.partial(self._launch, _decode_for(kind))

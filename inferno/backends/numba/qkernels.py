@@ -13,10 +13,9 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   says so (its int8_activations: by default where the machine has AVX2), the row is quantized
   to two int8 rows once per call and multiplied in integers instead (qdot.py: ~2x the weights
   per second); the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), where the backend says so (its
-  int16_legacy: x86 without AVX-512, or with VNNI), against the row rounded to int16 (ldot.py),
-  and their few rows then multiply x', the values those int16 hold, in float32 (ldot.rounded),
-  and their many the same int16 rows (below), so that a row is computed alike however its
-  tokens were grouped;
+  int16_legacy: x86 without AVX-512, or with VNNI), against the row rounded to int16 (ldot.py:
+  eight weight rows a pass, in lgemm's order of arithmetic, so that a row's result is the same
+  bit for bit whatever rows share its step: decode, a batch and a prefill alike);
 - a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
   row decoded once for up to four activation rows; the K-quants, as above, in integers
   (qdot.k_few);
@@ -26,13 +25,10 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   through qgemm.k_gemm instead (panels of sixteen weight rows against eight or four activation
   rows per vpdpbusd step), and
   fewer through qdot.k_few. The integers summed are the same in all three (k_rows, k_few,
-  k_gemm); only the float32 order of adding them up differs. The legacy kinds with int16
-  activations take more than FEW_MAX rows through lgemm.l_gemm where there is VNNI (two panels
-  of sixteen weight rows against four activation rows per vpdpwssd step; the same integers as
-  ldot.l_rows), else sgemm on x'. Decode, a batch and a prefill then
-  compute a row the same way: a sequence's logits do not depend on how its tokens were grouped
-  into steps (a chat turn prefilled after a reused cache, a server step shared with others)
-  beyond float32 rounding;
+  k_gemm); only the float32 order of adding them up differs (not yet batch-invariant). The
+  legacy kinds with int16 activations take up to LEGACY_FEW rows through ldot.l_rows and more
+  through lgemm.l_gemm (two panels of sixteen weight rows against four activation rows per
+  vpdpwssd step), the same integers and the same float32 order in both;
 - Q4_K repacked at load into panels of eight rows (kpanels.py; the kind Q4_KX8, which the
   backends make of a linear weight where they take int8 activations): decode and a few rows read
   the panels in place (kpanels.p_rows), a prefill unpacks them into qgemm's (kpanels.p_gemm);
@@ -82,6 +78,11 @@ F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8 = map(int, Wei
 
 # Activation rows per call up to which `few_rows` beats dequantised tiles + sgemm.
 FEW_MAX = 16
+# Activation rows up to which the legacy kinds' ldot.l_rows beats lgemm's GEMM, whose packing
+# of the weights costs more than a few rows save (SmolLM2's Q8_0 lm_head: 2.1 against 3.0 ms at
+# four rows; its Q4_1 matrices 1.2x faster at four through the GEMM). Either computes a row
+# alike, so the switch moves no result.
+LEGACY_FEW = 3
 # Activation rows from which qgemm's panels beat qdot.k_few, packing included, for every K-quant
 # with and without remainder rows, and weight rows from how many columns. With AVX-512 VNNI
 # (qgemm.DEEP: zmm panels, eight rows a pass) from 16 rows at every width measured (12 already
@@ -496,30 +497,25 @@ def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
 LEGACY_ROW, LEGACY_GEMM, PREFILL, ROWS = "legacy_row", "legacy_gemm", "prefill", "rows"
 
 
-def linear_path(kind: int, B: int, mode: int, legacy: bool) -> tuple[str, bool]:
-    """(path, rounded): how `linear` computes x [B, cols] @ w.T for weights of `kind`. A
-    legacy kind, where `legacy` says so, takes x as int16 (ldot.py): one row in integers
-    (LEGACY_ROW), more than FEW_MAX through lgemm's GEMM where it runs (LEGACY_GEMM), else x
-    rounded to the values it holds as int16 (`rounded`) through the float paths. A kind that
-    can (int_dot) takes int8 rows for mode 1 or 2 however many (ROWS); any other, more than
-    FEW_MAX rows as dequantised tiles and sgemm (PREFILL), fewer through the row kernels."""
-    rounded = False
+def linear_path(kind: int, B: int, mode: int, legacy: bool) -> str:
+    """How `linear` computes x [B, cols] @ w.T for weights of `kind`. A legacy kind, where
+    `legacy` says so, takes x as int16 rows (ldot.py): one row through ldot.l_rows
+    (LEGACY_ROW), more through lgemm's GEMM (LEGACY_GEMM), both in one order of arithmetic, so
+    a row's result does not depend on how many rows share its step. A kind that can (int_dot)
+    takes int8 rows for mode 1 or 2 however many (ROWS); any other, more than FEW_MAX rows as
+    dequantised tiles and sgemm (PREFILL), fewer through the row kernels."""
     if legacy and ldot.legacy.py_func(kind):
-        if B == 1:
-            return LEGACY_ROW, False
-        if B > FEW_MAX and lgemm.FAST:
-            return LEGACY_GEMM, False
-        rounded = True
+        return LEGACY_ROW if B <= LEGACY_FEW else LEGACY_GEMM
     if B > FEW_MAX and not (mode > 0 and int_dot.py_func(kind)):
-        return PREFILL, rounded
-    return ROWS, rounded
+        return PREFILL
+    return ROWS
 
 
 @jit
 def legacy_row(kind, w, x, out):
     """out [1, rows] = x [1, cols] @ w.T, x as one int16 row (ldot.l_rows)."""
     x16, dx, xs16 = ldot.quantized(x)
-    legacy_rows(kind, w, x16, dx, xs16, out[0], 0, w.shape[0])
+    legacy_rows(kind, w, x16, dx, xs16, out, 0, w.shape[0])
 
 
 @jit
@@ -564,22 +560,6 @@ def activations_par(x, mode, chunks):
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def rounded_par(x, chunks):
-    """ldot.rounded, the rows split across the team when there are enough of them
-    (PAR_ACTIVATIONS)."""
-    B, n = x.shape
-    if B < PAR_ACTIVATIONS:
-        return ldot.rounded(x)
-    out = np.empty_like(x)
-    dx = np.empty((B, n // 32), np.float32)
-    xs = np.empty((B, n // 32), np.float32)
-    none = np.empty((0, n), np.int16)
-    for c in nb.prange(chunks):
-        ldot.quantize_rows(x, none, dx, xs, out, chunk_start(B, c, chunks, 1), chunk_start(B, c + 1, chunks, 1))
-    return out
-
-
-@nb.njit(parallel=True, cache=True, fastmath=FAST)
 def quantized_par(x, chunks):
     """ldot.quantized's (x16, dx, xs), the rows split across the team when there are enough of
     them (PAR_ACTIVATIONS)."""
@@ -589,9 +569,8 @@ def quantized_par(x, chunks):
     x16 = np.empty((B, n), np.int16)
     dx = np.empty((B, n // 32), np.float32)
     xs = np.empty((B, n // 32), np.float32)
-    none = np.empty((0, n), np.float32)
     for c in nb.prange(chunks):
-        ldot.quantize_rows(x, x16, dx, xs, none, chunk_start(B, c, chunks, 1), chunk_start(B, c + 1, chunks, 1))
+        ldot.quantize_rows(x, x16, dx, xs, chunk_start(B, c, chunks, 1), chunk_start(B, c + 1, chunks, 1))
     return x16, dx, xs
 
 
@@ -611,7 +590,7 @@ def legacy_row_par(kind, w, x, out, chunks):
     n = w.shape[0]
     x16, dx, xs16 = ldot.quantized(x)
     for c in nb.prange(chunks):
-        legacy_rows(kind, w, x16, dx, xs16, out[0], chunk_start(n, c, chunks, 2), chunk_start(n, c + 1, chunks, 2))
+        legacy_rows(kind, w, x16, dx, xs16, out, chunk_start(n, c, chunks, 8), chunk_start(n, c + 1, chunks, 8))
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
@@ -635,16 +614,14 @@ def rows_par(kind, w, x, out, mode, chunks):
                     chunk_start(n, c + 1, chunks, qgemm.ROWS))
 
 
-# How a weight of linear_many takes x: as one int16 row (a legacy kind, where the backend says so,
-# and one row), as x' (the same, more rows: the values x holds as int16), or as it is (int8 rows
-# for a kind that can, else float32).
-X16, ROUNDED, PLAIN = 0, 1, 2
+# How a weight of linear_many takes x: a legacy kind, where the backend says so, as int16 rows through
+# l_rows (ROW16: `linear`'s arithmetic for a few rows); any other as it is (int8 rows for a kind
+# that can, else float32).
+ROW16, PLAIN = 0, 1
 
 
-def takes(kind: int, one_row: bool, legacy: bool) -> int:
-    if legacy and ldot.legacy.py_func(kind):
-        return X16 if one_row else ROUNDED
-    return PLAIN
+def takes(kind: int, legacy: bool) -> int:
+    return ROW16 if legacy and ldot.legacy.py_func(kind) else PLAIN
 
 
 def piece(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
@@ -659,17 +636,11 @@ def _piece_for(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
     if not isinstance(kind, types.IntegerLiteral) or not isinstance(how, types.IntegerLiteral):
         raise TypingError("piece needs its kind and its way as compile-time constants")
     code, way = kind.literal_value, how.literal_value
-    if way == X16:
+    if way == ROW16:
         def impl(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
             r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
             if r0 < r1:
-                legacy_rows(code, w, lx[0], lx[1], lx[2], out[0, start:], r0, r1)
-            return start + w.shape[0]
-    elif way == ROUNDED:
-        def impl(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
-            r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
-            if r0 < r1:
-                rows_kernel(code, w, lx[3], lx[4], xq, out, start, r0, r1)
+                legacy_rows(code, w, lx[0], lx[1], lx[2], out[:, start:], r0, r1)
             return start + w.shape[0]
     else:
         def impl(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
@@ -765,9 +736,7 @@ def linear_for(kind: WeightKind):
     kind = int(WeightKind(kind))
 
     def linear(w, x, out, tile, mode, legacy):
-        path, rounded = linear_path(kind, x.shape[0], mode, legacy)
-        if rounded:
-            x = ldot.rounded(x)
+        path = linear_path(kind, x.shape[0], mode, legacy)
         if path == LEGACY_ROW:
             _path_entry(path, kind, False)(w, x, out)
         elif path == LEGACY_GEMM:
@@ -785,9 +754,7 @@ def linear_par_for(kind: WeightKind):
     kind = int(WeightKind(kind))
 
     def linear_par(w, x, out, tile, chunks, mode, legacy):
-        path, rounded = linear_path(kind, x.shape[0], mode, legacy)
-        if rounded:
-            x = rounded_par(x, chunks)
+        path = linear_path(kind, x.shape[0], mode, legacy)
         if path == LEGACY_ROW:
             _path_entry(path, kind, True)(w, x, out, chunks)
         elif path == LEGACY_GEMM:
@@ -800,43 +767,33 @@ def linear_par_for(kind: WeightKind):
 
 
 @functools.cache
-def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind, one_row: bool = False,
-                        legacy: bool = False):
+def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind, legacy: bool = False):
     """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
-    B <= FEW_MAX rows of x (exactly one where `one_row`): the three weights' rows (kinds k0, k1,
-    k2), taken end to end as one range, split into `chunks` pieces (a piece may span two
-    weights): (ws, x, out, chunks, mode). The weights may differ in kind and rows; they share
-    cols, so a row costs about the same in any. Each takes x as it would alone (`linear`): a
-    K-quant its int8 rows for mode 1 or 2, a legacy kind where `legacy` says so its int16 row or
-    x' (`takes`), any other x. The ways are settled here, in the closure: a decode step's entry
-    compiles the loops of one row only (one entry for every way compiled each, 8 s of a first
-    run's compile, where decode takes one)."""
+    B <= FEW_MAX rows of x: the three weights' rows (kinds k0, k1, k2), taken end to end as one
+    range, split into `chunks` pieces (a piece may span two weights): (ws, x, out, chunks,
+    mode). The weights may differ in kind and rows; they share cols, so a row costs about the
+    same in any. Each takes x as it would alone (`linear`): a K-quant its int8 rows for mode 1
+    or 2, a legacy kind where `legacy` says so its int16 rows (`takes`), any other x. The ways
+    are settled here, in the closure, so an entry compiles its own loops only."""
     k0, k1, k2 = (int(WeightKind(k)) for k in (k0, k1, k2))
-    h0, h1, h2 = (takes(k, one_row, legacy) for k in (k0, k1, k2))
-    rows_in = PLAIN in (h0, h1, h2) or ROUNDED in (h0, h1, h2)  # some weight runs the row kernels
+    h0, h1, h2 = (takes(k, legacy) for k in (k0, k1, k2))
+    rows_in = PLAIN in (h0, h1, h2)  # some weight runs the row kernels
     int8 = any(int_dot.py_func(k) for k in (k0, k1, k2))
-    x16, rounded = X16 in (h0, h1, h2), ROUNDED in (h0, h1, h2)
+    x16 = ROW16 in (h0, h1, h2)
 
     @nb.njit(parallel=True, cache=True, fastmath=FAST)
     def linear_many_par_kinds(ws, x, out, chunks, mode):
-        B, n = x.shape
         if rows_in:
             xs, xq = activations_par(x, mode if int8 else 0, chunks)
         else:
             xs, xq = x, x  # (not read)
         if x16:
-            q16, dx, qs = ldot.quantized(x)
-            lx = (q16, dx, qs, x, x)
-        elif rounded:
-            xr = ldot.rounded(x)
-            xrs = np.empty((B, n // 32), np.float32)
-            group_sums(xr, xrs, 0, B)
-            lx = (x, x, x, xr, xrs)
+            lx = ldot.quantized(x)
         else:
-            lx = (x, x, x, x, x)  # (not read)
+            lx = (np.empty((0, 0), np.int16), x, x)  # (not read)
         total = out.shape[1]
         for c in nb.prange(chunks):
-            # whole panels (kpanels.P) where they fit; l_rows' pairs need 2
+            # whole panels: kpanels' (P), and l_rows' passes of eight
             lo, hi = chunk_start(total, c, chunks, kpanels.P), chunk_start(total, c + 1, chunks, kpanels.P)
             start = piece(k0, h0, ws[0], x, xs, xq, lx, out, np.int64(0), lo, hi)
             start = piece(k1, h1, ws[1], x, xs, xq, lx, out, start, lo, hi)

@@ -95,6 +95,8 @@ def token_ids(ids, vocab: int) -> np.ndarray:
 class SimdBackend(Backend):
     name = "simd"
     threads = 1
+    batch_invariant = True  # every row of a cached step through decode_attention (Backend)
+    decode_min_keys = 256  # keys per decode job at the least (kv_kernels.row_splits)
     default_cache_type = "f16"  # llama.cpp's default: half the bytes decode reads, same answers
     compiles_ahead = True  # kernels in a cache other processes share: a helper can compile them (ahead.py)
 
@@ -170,15 +172,13 @@ class SimdBackend(Backend):
         return kpanels.repack(w)
 
     # -- dense ops ------------------------------------------------------------------------------
-    def linear(self, x, w, legacy: bool | None = None):
-        """x @ w.T; `legacy` (internal) overrides whether a legacy kind rounds x to int16 (False
-        where x is already rounded: linear_many)."""
+    def linear(self, x, w):
         x = contiguous(x)
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows, out]
         if isinstance(w, QuantTensor):
             check_width(x, w)
             Q.linear_for(WeightKind.of(w))(w.data, x, out, prefill_tile(w.shape[1]),
-                                           self._int8_mode(w), self._legacy if legacy is None else legacy)
+                                           self._int8_mode(w), self._legacy)
         elif x.shape[0] == 1:
             K.matvec(w, x[0], out[0], 0, w.shape[0])
         else:
@@ -186,22 +186,18 @@ class SimdBackend(Backend):
         return out
 
     def linear_many(self, x, ws):
-        """[linear(x, w) for w in ws], x rounded to int16 once for all the legacy kinds that take
-        it so (ldot.py) when it has several rows (a prefill's q/k/v, gate/up), not once each:
-        as int16 rows for lgemm's GEMM (past Q.FEW_MAX rows, where it runs), else as x'."""
+        """[linear(x, w) for w in ws], x rounded to int16 rows once for all the legacy kinds that
+        take it so (ldot.py) when it has many rows (a prefill's q/k/v, gate/up), not once each."""
         x = contiguous(x)
-        if x.shape[0] == 1 or not self._legacy:
+        if x.shape[0] <= Q.LEGACY_FEW or not self._legacy:
             return [self.linear(x, w) for w in ws]
         rounds = [type(w) is QuantTensor and WeightKind.of(w) in LEGACY_KINDS for w in ws]
         if sum(rounds) < 2:
             return [self.linear(x, w) for w in ws]
         for w in ws:
             check_width(x, w)
-        if x.shape[0] > Q.FEW_MAX and lgemm.FAST:
-            xq = self._quantized(x)
-            return [self._legacy_gemm(xq, w) if r else self.linear(x, w) for w, r in zip(ws, rounds)]
-        xr = self._rounded(x)
-        return [self.linear(xr, w, legacy=False) if r else self.linear(x, w) for w, r in zip(ws, rounds)]
+        xq = self._quantized(x)
+        return [self._legacy_gemm(xq, w) if r else self.linear(x, w) for w, r in zip(ws, rounds)]
 
     def _quantized(self, x):
         """x's rows as int16 (ldot.quantized): (x16, dx, xs)."""
@@ -212,10 +208,6 @@ class SimdBackend(Backend):
         out = np.empty((xq[0].shape[0], w.shape[0]), dtype=np.float32)
         Q.legacy_gemm_for(WeightKind.of(w))(w.data, *xq, out)
         return out
-
-    def _rounded(self, x):
-        """x' (ldot.rounded): the values x's rows take as int16."""
-        return ldot.rounded(x)
 
     def moe(self, x, router, experts, top_k: int, norm_topk: bool):
         """The reference's plan (base.ExpertPlan, routed and combined in experts.py's jitted
@@ -335,21 +327,22 @@ class SimdBackend(Backend):
         lens = np.ascontiguousarray(kv_lens, dtype=np.int64)  # the model's own arrays: no copy
         if lens.size == 0:
             return np.empty((0, n_heads * head_dim), np.float32)
-        keys = int(np.minimum(lens, window).sum() if window else lens.sum())  # keys read in all
-        splits, run = self._decode_plan(kind, lens.size, keys // lens.size, keys * n_heads * head_dim)
+        keys = np.minimum(lens, window) if window else lens  # each row's keys
+        run = self._decode_kernel(kind, int(keys.sum()) * n_heads * head_dim)
         return run(contiguous(q), k_buf.view(np.uint8), v_buf.view(np.uint8),
                    np.ascontiguousarray(slots, dtype=np.int64), lens, int(window),
-                   score_scale(head_dim, scale), n_kv_heads, head_dim, splits)  # [B, nh * hd]
+                   score_scale(head_dim, scale), n_kv_heads, head_dim,
+                   KV.row_splits(keys, self.decode_min_keys))  # [B, nh * hd]
 
     def _flash(self, work: int, *args) -> None:
         """Flash prefill of every head (`work`: query x key x head x head_dim products). Here
         the heads run one after another; the pool backend fans them out."""
         A.flash_heads(*args)
 
-    def _decode_plan(self, kind: CacheKind, seqs: int, keys_per_seq: int, work: int):
-        """(splits, kernel): how many ranges each sequence's keys are cut into, one job each,
-        and what runs the jobs over a cache of `kind`. Here one range, every job in turn."""
-        return 1, KV.decode_all_for(kind)
+    def _decode_kernel(self, kind: CacheKind, work: int):
+        """What runs a decode step's jobs over a cache of `kind` (`work`: key x head x head_dim
+        products): here every job in turn."""
+        return KV.decode_all_for(kind)
 
 
 def check_rows(buf, slot: int, start: int, stop: int, width: int | None = None) -> None:

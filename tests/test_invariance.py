@@ -1,0 +1,110 @@
+"""Batch invariance on the Numba backends (issue 41): a row's result is the same bit for bit
+whatever rows share its step. The legacy kinds' products (one row, a few, a prefill's GEMM) sum
+in one order; attention reads every row of a cached step as decode does. So a prompt's logits do
+not depend on how it was cut into chunks, how much of it a cache held, what it was batched with,
+or how many threads ran it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import inferno
+from inferno.backends import create_backend
+from inferno.model.decoder import Segment
+from inferno.model.resolve import resolve
+from tests.qblocks import random_blocks
+
+LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+
+
+def _legacy_backends():
+    simd, pool = create_backend("simd"), create_backend("pool", threads=2)
+    if not simd._legacy:
+        pytest.skip("this CPU takes the legacy kinds' activations in float32 (no AVX2, or AVX-512 "
+                    "without VNNI): their paths are not batch-invariant there")
+    return simd, pool
+
+
+@pytest.mark.parametrize("kind", LEGACY)
+def test_a_rows_product_does_not_depend_on_its_company(kind):
+    """linear on B rows equals, bit for bit, each row alone, for every path a row count takes
+    (one row, a few, lgemm's GEMM), on one thread and on two; rows of a weight not a multiple of
+    eight or of lgemm's passes included."""
+    simd, pool = _legacy_backends()
+    rng = np.random.default_rng(1)
+    for rows, cols in ((203, 96), (64, 256)):
+        w = random_blocks(kind, rows, cols, seed=rows)
+        x = (rng.standard_normal((40, cols)) * rng.choice([0.01, 1, 30], (40, 1))).astype(np.float32)
+        alone = np.concatenate([simd.linear(x[i:i + 1], w) for i in range(40)])
+        for ops in (simd, pool):
+            for b in (1, 2, 3, 4, 9, 17, 40):
+                np.testing.assert_array_equal(ops.linear(x[:b], w), alone[:b], err_msg=f"{ops.name}, {b} rows")
+        wide = [random_blocks(kind, 96, cols, seed=7), w]
+        for b in (1, 3, 5, 40):  # q/k/v and gate/up: one launch, or the rows rounded once
+            for got, one in zip(pool.linear_many(x[:b], wide), (simd.linear(x[:b], v) for v in wide)):
+                np.testing.assert_array_equal(got, one)
+    simd.close()
+    pool.close()
+
+
+def test_decode_attention_rows_do_not_depend_on_their_company():
+    """Each row of a decode step attends alike alone, beside others, on one thread or two, and
+    with keys enough to be cut into ranges (kv_kernels.row_splits)."""
+    simd, pool = create_backend("simd"), create_backend("pool", threads=2)
+    rng = np.random.default_rng(2)
+    heads, kv_heads, hd, cap = 4, 2, 64, 700
+    k = simd.kv_buffer(2, cap, kv_heads * hd, "f16")
+    v = simd.kv_buffer(2, cap, kv_heads * hd, "f16")
+    for slot in range(2):
+        simd.write_kv(k, slot, 0, rng.standard_normal((cap, kv_heads * hd)).astype(np.float32))
+        simd.write_kv(v, slot, 0, rng.standard_normal((cap, kv_heads * hd)).astype(np.float32))
+    q = rng.standard_normal((6, heads * hd)).astype(np.float32)
+    slots = np.array([0, 1, 0, 0, 1, 0])
+    lens = np.array([5, 300, 511, 512, 700, 699])
+    alone = np.concatenate([simd.decode_attention(q[i:i + 1], k, v, slots[i:i + 1], lens[i:i + 1], heads, kv_heads, hd)
+                            for i in range(6)])
+    for ops in (simd, pool):
+        np.testing.assert_array_equal(ops.decode_attention(q, k, v, slots, lens, heads, kv_heads, hd), alone)
+        for window in (0, 100):
+            one = [ops.decode_attention(q[i:i + 1], k, v, slots[i:i + 1], lens[i:i + 1], heads, kv_heads, hd,
+                                        window=window) for i in range(6)]
+            np.testing.assert_array_equal(ops.decode_attention(q, k, v, slots, lens, heads, kv_heads, hd,
+                                                               window=window), np.concatenate(one))
+    simd.close()
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def smollm2_pool():
+    engine = inferno.load(str(resolve("smollm2-135m")), "pool", threads=2, progress=False)
+    yield engine
+    engine.close()
+
+
+def test_a_prompts_logits_do_not_depend_on_the_cache_or_the_batch(smollm2_pool):
+    """The default model on the default backend: the last logits of a prompt prefilled whole,
+    after a cache of 1, 24 or n - 1 of its tokens, in three uneven chunks, or beside another
+    sequence's decode, are equal bit for bit (the issue's prefix-cache hits of 24 and 40 tokens
+    moved logprobs by 0.013 and flipped a greedy choice)."""
+    if not smollm2_pool.ops._legacy:
+        pytest.skip("this CPU takes the legacy kinds' activations in float32: not batch-invariant")
+    model, ops = smollm2_pool.model, smollm2_pool.ops
+    ids = np.asarray(smollm2_pool.encode_prompt("List three fruits as JSON, and say why each is a fruit."),
+                     np.int64)
+    n = ids.size
+
+    def last_logits(cuts, other=None):
+        cache = model.new_cache(n + 8, slots=2)
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            segments = [Segment(ids[a:b], 0, a)]
+            if other is not None:
+                segments.append(Segment(other, 1, int(cache.lengths[1])))
+                other = other[-1:]  # its prompt, then one token a step
+            out = ops.to_numpy(model.step(segments, cache))[0]
+        return out
+
+    whole = last_logits([0, n])
+    for cuts in ([0, 1, n], [0, 24, n], [0, n - 1, n], [0, 7, 20, n]):
+        np.testing.assert_array_equal(last_logits(cuts), whole, err_msg=str(cuts))
+    np.testing.assert_array_equal(last_logits([0, 24, n - 1, n], other=ids[:9][::-1].copy()), whole)
