@@ -88,9 +88,8 @@ LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 @pytest.mark.parametrize("batch", [1, 2, 3, 4, 7, 17])
 def test_legacy_kinds_with_and_without_int16_activations(backend, name, int16, rows, blocks, batch, monkeypatch):
     """The legacy kinds' kernels with float32 activations (exact) and, whatever the machine would
-    choose, int16 ones (ldot.py: decode in integers; a few rows and a prefill, the float kernels
-    and sgemm on the values those int16 hold): activations of every scale, a zero block and a
-    lone spike."""
+    choose, int16 ones (ldot.py: a few rows through l_rows, more through lgemm's GEMM, in
+    integers): activations of every scale, a zero block and a lone spike."""
     monkeypatch.setattr(backend, "int8_activations", int16)
     monkeypatch.setattr(backend, "int16_legacy", int16)
     w = random_blocks(name, rows, width(name, blocks), seed=rows + blocks, readonly=True)
@@ -112,9 +111,9 @@ def test_legacy_kinds_with_and_without_int16_activations(backend, name, int16, r
 def test_int8_rows_do_not_depend_on_their_batch(backend, name, outliers, monkeypatch):
     """With int8 activations (the K-quants) or int16 (the legacy kinds) a row's product is the
     same alone (decode), among a few (a batched step) and among many (a prefill), up to float32
-    rounding: every row is quantized on its own and multiplied the same way (a legacy kind's few
-    and many rows: float32 products of the same int16 values), so a sequence's logits do not
-    depend on how its tokens were grouped into steps."""
+    rounding (the legacy kinds: bit for bit, tests/test_invariance.py): every row is quantized on
+    its own and multiplied the same way, so a sequence's logits do not depend on how its tokens
+    were grouped into steps."""
     monkeypatch.setattr(backend, "int8_activations", True)
     monkeypatch.setattr(backend, "int16_legacy", True)
     w = random_blocks(name, 37, width(name, 4 if name.endswith("_K") else 32), seed=2, readonly=True)  # 1024: wide enough for the panels
@@ -162,8 +161,8 @@ def test_int16_gemm_on_panels(backend, name, batch, rows, blocks):
     """lgemm.l_gemm, called directly (whether or not this machine's backends choose it) on every
     row count (passes of four, two and one activation rows; passes of 32 weight rows, two
     panels of sixteen, with short and empty last panels), one block and many: within int16
-    rounding of the dequantised product, and within float32 rounding of ldot's decode kernel on
-    the same int16 rows, row by row (the integers summed are the same)."""
+    rounding of the dequantised product, and equal bit for bit to ldot.l_rows on the same int16
+    rows, one at a time and all at once (the same sums in the same order: batch invariance)."""
     from inferno.backends.numba import ldot, lgemm
     from inferno.backends.numba.codes import WeightKind
     kind = int(WeightKind[name])
@@ -177,10 +176,12 @@ def test_int16_gemm_on_panels(backend, name, batch, rows, blocks):
     lgemm.l_gemm(kind, w.data, x16, dx, xs, got, 0, rows)
     assert_int16_close(got, x, w)
     alone = np.empty_like(got)
-    for b in range(batch):
-        ldot.l_rows(kind, w.data, x16[b:b + 1], dx[b:b + 1], xs[b:b + 1], alone[b], 0, rows)
-    scale = np.abs(x) @ magnitudes(w).T
-    assert (np.abs(got - alone) <= 1e-6 * scale).all()
+    for b in range(batch):  # one row at a time: the same sums in the same order, bit for bit
+        ldot.l_rows(kind, w.data, x16[b:b + 1], dx[b:b + 1], xs[b:b + 1], alone[b:b + 1], 0, rows)
+    np.testing.assert_array_equal(got, alone)
+    few = np.empty_like(got)
+    ldot.l_rows(kind, w.data, x16, dx, xs, few, 0, rows)  # every row at once, as a batched step
+    np.testing.assert_array_equal(few, alone)
 
 
 # Haswell's features: AVX2 and FMA, no AVX-512, no VNNI (some of this project's machines).

@@ -42,8 +42,8 @@ def test_linear_many_fuses_mixed_types(backend):
 @pytest.mark.parametrize("int16", [False, True])
 def test_linear_many_int16_rows_beside_others(backend, int16, monkeypatch):
     """One launch over a legacy kind, a K-quant and F16, with and without the legacy kinds' int16
-    rows (ldot.py): each weight as it would be alone, whatever its neighbours take; batch 1 (the
-    legacy kind's integer matvec) and 3 (its float kernels on the int16 values)."""
+    rows (ldot.py): each weight as it would be alone, whatever its neighbours take; batch 1 and
+    3 (the legacy kind's l_rows on one and on a few rows)."""
     monkeypatch.setattr(backend, "int8_activations", True)
     monkeypatch.setattr(backend, "int16_legacy", int16)
     cols = 512
