@@ -28,7 +28,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from inferno.backends.numba.lanes import _VF, _address, f32x16, kscale_bytes
+from inferno.backends.numba.lanes import _VF, _address, _exact_fma, f32x16, kscale_bytes
 
 _I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()
@@ -643,17 +643,11 @@ def fsum8(typingctx, v):
     return types.float32(f32x8), codegen
 
 
-# -- one order of arithmetic (the legacy kinds' products, batch-invariant) -----------------------------
-# LLVM may reassociate and contract the kernels' fast-math adds; a sum that must come out the
-# same bit for bit in two kernels is written with llvm.fma, which it leaves as it is.
+# -- one order of arithmetic (the legacy kinds' products, batch-invariant: ldot.l_rows) ----------------
 @intrinsic
 def fma8(typingctx, a, b, c):
-    """a * b + c lane by lane, rounded once (llvm.fma: never reassociated)."""
-    def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F8, [_F8, _F8, _F8]),
-                                            "llvm.fma.v8f32")
-        return builder.call(fn, list(args))
-    return f32x8(f32x8, f32x8, f32x8), codegen
+    """a * b + c lane by lane, rounded once, never reassociated (lanes._exact_fma)."""
+    return f32x8(f32x8, f32x8, f32x8), lambda context, builder, sig, args: _exact_fma(builder, args, _F8)
 
 
 @intrinsic

@@ -302,11 +302,34 @@ def _accumulate(kind, p, corr, f, o, rb, n, hd, acc, ao):
         acc[ao + d] = t
 
 
+@jit
+def row_splits(keys, min_keys):
+    """How many ranges a row's keys are cut into, one job each: a power of two, at most
+    MAX_SPLITS, none shorter than min_keys. A function of the row's own keys, so its attention
+    is the same sum whatever rows share its step, and a prefill's row the same as that row
+    decoded (the model sends both here: Backend.batch_invariant); powers of two share out
+    evenly over 2, 4 or 8 threads."""
+    n = 1
+    while n < MAX_SPLITS and 2 * n * min_keys <= keys:
+        n *= 2
+    return n
+
+
+@jit
+def most_splits(kv_lens, window, min_keys):
+    """The most ranges any row of a step takes (row_splits): the jobs per row of the step."""
+    n = 1
+    for b in range(kv_lens.shape[0]):
+        keys = min(kv_lens[b], window) if window > 0 else kv_lens[b]
+        n = max(n, row_splits(keys, min_keys))
+    return n
+
+
 def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
-               splits, part_acc, part_m, part_l):
+               min_keys, part_acc, part_m, part_l):
     """One job of a decode step: row b, split `split` of the keys it attends
-    (max(0, kv_len - window) .. kv_len - 1, cut into splits[b] contiguous ranges of equal size,
-    the last shorter; a split past them is empty), every head.
+    (max(0, kv_len - window) .. kv_len - 1, cut into row_splits of them contiguous ranges of
+    equal size, the last shorter; a split past them is empty), every head.
     Leaves each head's unnormalised accumulator, running max m and running sum l in part_acc
     [B, n_heads, n_splits, hd], part_m, part_l [B, n_heads, n_splits]; merge_parts combines the
     splits. An empty split leaves m = -inf, l = 0, acc = 0. Each cache type compiles its own
@@ -316,16 +339,16 @@ def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads,
 
 @overload(decode_job, prefer_literal=True, jit_options=dict(fastmath=FAST))
 def _decode_job_of(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
-                   splits, part_acc, part_m, part_l):
+                   min_keys, part_acc, part_m, part_l):
     """The literal kind's loops alone (decode_all_for, the pool's _decode_for; see
     qkernels.rows_kernel's overload)."""
     if isinstance(kind, types.IntegerLiteral):
         code = kind.literal_value
 
         def one_kind(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
-                     splits, part_acc, part_m, part_l):
+                     min_keys, part_acc, part_m, part_l):
             _decode_job(code, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
-                        splits, part_acc, part_m, part_l)
+                        min_keys, part_acc, part_m, part_l)
         return one_kind
 
     raise TypingError("decode_job needs its cache kind as a compile-time constant: call "
@@ -334,7 +357,7 @@ def _decode_job_of(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_he
 
 @jit
 def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
-                splits, part_acc, part_m, part_l):
+                min_keys, part_acc, part_m, part_l):
     """Tile by tile of keys, head by head: the head's scores over the tile (each key slice
     converted in registers and dotted with the query in 16-lane vectors), the online softmax,
     then the value rows into the head's accumulator, 16 dims at a time held in registers over
@@ -343,7 +366,8 @@ def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads
     b, split = job // n_splits, job % n_splits
     kv_len = kv_lens[b]
     first = max(0, kv_len - window) if window > 0 else 0
-    size = (kv_len - first + splits[b] - 1) // splits[b]
+    n = row_splits(kv_len - first, min_keys)
+    size = (kv_len - first + n - 1) // n
     lo = first + split * size
     hi = min(lo + size, kv_len)
     group, hd = n_heads // n_kv_heads, head_dim
@@ -420,29 +444,15 @@ def alloc_parts(batch, n_heads, n_splits, head_dim):
             np.empty((batch, n_heads, n_splits), np.float32))
 
 
-def row_splits(keys: np.ndarray, min_keys: int) -> np.ndarray:
-    """How many ranges each row's keys are cut into, one job each: a power of two, at most
-    MAX_SPLITS, none shorter than min_keys. A function of the row's own keys, so its
-    attention is the same sum whatever rows share its step, and a prefill's row the same as
-    that row decoded (the model sends both here: Backend.batch_invariant); powers of two share
-    out evenly over 2, 4 or 8 threads."""
-    n = np.ones(keys.shape, np.int64)
-    while True:
-        more = (n < MAX_SPLITS) & (2 * n * min_keys <= keys)
-        if not more.any():
-            return n
-        n[more] *= 2
-
-
 @jit
-def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, splits):
+def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, min_keys):
     """Every job of a decode step one after another, then the merge (the simd backend):
     q [B, n_heads * head_dim] -> [B, n_heads * head_dim]."""
-    n_splits = splits.max()
+    n_splits = most_splits(kv_lens, window, min_keys)
     part_acc, part_m, part_l = alloc_parts(q.shape[0], q.shape[1] // head_dim, n_splits, head_dim)
     for job in range(q.shape[0] * n_splits):
         decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
-                   job, splits, part_acc, part_m, part_l)
+                   job, min_keys, part_acc, part_m, part_l)
     out = np.empty_like(q)
     merge_parts(part_acc, part_m, part_l, out)
     return out
@@ -451,11 +461,11 @@ def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads,
 @functools.cache
 def decode_all_for(kind: CacheKind):
     """`decode_all` compiled for one cache kind alone (see qkernels.linear_for): (q, k_raw,
-    v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, splits)."""
+    v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, min_keys)."""
     kind = int(CacheKind(kind))  # the closure's literal
 
     @jit
-    def decode_all_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, splits):
+    def decode_all_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, min_keys):
         return decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
-                          splits)
+                          min_keys)
     return jitcache.lazy(decode_all_kind)

@@ -110,14 +110,20 @@ def vfma(typingctx, a, b, c):
     return f32x16(f32x16, f32x16, f32x16), codegen
 
 
+def _exact_fma(builder, args, vty):
+    """llvm.fma on three float32 vectors of type vty: a * b + c lane by lane, rounded once. The
+    kernels' fast-math lets LLVM reassociate and contract their adds; a sum that must come out
+    the same bit for bit in two kernels (the legacy kinds' products) is written with this, which
+    it leaves as it is."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
+                                        f"llvm.fma.v{vty.count}f32")
+    return builder.call(fn, list(args))
+
+
 @intrinsic
 def vfma_exact(typingctx, a, b, c):
-    """a * b + c rounded once (llvm.fma, which fast-math never reassociates: ilanes.fma8)."""
-    def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]),
-                                            "llvm.fma.v16f32")
-        return builder.call(fn, list(args))
-    return f32x16(f32x16, f32x16, f32x16), codegen
+    """a * b + c rounded once, never reassociated (`_exact_fma`)."""
+    return f32x16(f32x16, f32x16, f32x16), lambda context, builder, sig, args: _exact_fma(builder, args, _VF)
 
 
 @intrinsic

@@ -138,11 +138,24 @@ def signed_block(kind, f, o):
 
 
 @inline
-def block_sum(kind, f, o, xl, xh):
-    """q . qx for the block at byte o against activations xl, xh: int32 lanes of the products,
-    summed in pairs (not yet across lanes)."""
-    lo, hi, _, _ = signed_block(kind, f, o)
+def dot(lo, hi, xl, xh):
+    """q . qx for a block's weights lo, hi against activations xl, xh: int32 lanes of the
+    products, summed in pairs (not yet across lanes)."""
     return iadd(maddwd(lo, xl), maddwd(hi, xh))
+
+
+@inline
+def block_sum(kind, f, o, xl, xh):
+    """`dot` for the block at byte o."""
+    lo, hi, _, _ = signed_block(kind, f, o)
+    return dot(lo, hi, xl, xh)
+
+
+@inline
+def pass_rows(r, last, rb):
+    """Byte offsets of the eight weight rows from r, rows past `last` repeating it."""
+    return (r * rb, min(r + 1, last) * rb, min(r + 2, last) * rb, min(r + 3, last) * rb,
+            min(r + 4, last) * rb, min(r + 5, last) * rb, min(r + 6, last) * rb, min(r + 7, last) * rb)
 
 
 @inline
@@ -198,8 +211,7 @@ def _l_one(kind, w, x16, dx, xs, out, r0, r1):
     lanes = np.empty(8, np.float32)
     r = r0
     while r < r1:
-        o0, o1, o2, o3 = r * rb, min(r + 1, last) * rb, min(r + 2, last) * rb, min(r + 3, last) * rb
-        o4, o5, o6, o7 = min(r + 4, last) * rb, min(r + 5, last) * rb, min(r + 6, last) * rb, min(r + 7, last) * rb
+        o0, o1, o2, o3, o4, o5, o6, o7 = pass_rows(r, last, rb)
         ahead = (r + 8) * rb
         acc = fzero8()
         for g in range(blocks):
@@ -232,8 +244,7 @@ def _l_few(kind, w, x16, dx, xs, out, r0, r1):
     lanes = np.empty(8 * B, np.float32)
     r = r0
     while r < r1:
-        o0, o1, o2, o3 = r * rb, min(r + 1, last) * rb, min(r + 2, last) * rb, min(r + 3, last) * rb
-        o4, o5, o6, o7 = min(r + 4, last) * rb, min(r + 5, last) * rb, min(r + 6, last) * rb, min(r + 7, last) * rb
+        o0, o1, o2, o3, o4, o5, o6, o7 = pass_rows(r, last, rb)
         ahead = (r + 8) * rb
         for i in range(8 * B):
             lanes[i] = 0.0
@@ -252,10 +263,9 @@ def _l_few(kind, w, x16, dx, xs, out, r0, r1):
             for a in range(B):
                 xo = a * x16.shape[1] + 32 * g
                 xl, xh = hload(x16, xo), hload(x16, xo + 16)
-                sums = isums8(iadd(maddwd(l0, xl), maddwd(h0, xh)), iadd(maddwd(l1, xl), maddwd(h1, xh)),
-                              iadd(maddwd(l2, xl), maddwd(h2, xh)), iadd(maddwd(l3, xl), maddwd(h3, xh)),
-                              iadd(maddwd(l4, xl), maddwd(h4, xh)), iadd(maddwd(l5, xl), maddwd(h5, xh)),
-                              iadd(maddwd(l6, xl), maddwd(h6, xh)), iadd(maddwd(l7, xl), maddwd(h7, xh)))
+                sums = isums8(dot(l0, h0, xl, xh), dot(l1, h1, xl, xh), dot(l2, h2, xl, xh),
+                              dot(l3, h3, xl, xh), dot(l4, h4, xl, xh), dot(l5, h5, xl, xh),
+                              dot(l6, h6, xl, xh), dot(l7, h7, xl, xh))
                 acc = fma8(ifloat(sums), fmul8(d, fsplat8(dx[a, g])), fload8(lanes, 8 * a))
                 if offset(kind):
                     acc = fma8(m, fsplat8(xs[a, g]), acc)

@@ -1,5 +1,7 @@
 """Prefill's products of the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with int16 activations: a
-GEMM on panels of sixteen weight rows interleaved by pairs, where the machine has VNNI (`FAST`).
+GEMM on panels of sixteen weight rows interleaved by pairs, for more than a few activation rows
+wherever the backends take these kinds as int16 (where the machine has VNNI, `FAST`, one
+vpdpwssd a step; elsewhere vpmaddwd and an add).
 
 Why: a prefill multiplied these kinds as sgemm on dequantised tiles, at the float32 FMA's rate:
 eight products an instruction a 256-bit lane set. VNNI's vpdpwssd multiplies sixteen int16 pairs
@@ -53,9 +55,11 @@ from inferno.backends.numba.ldot import offset, signed_block
 jit = nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
 inline = nb.njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 
-# Whether the backends multiply a prefill's legacy weights here: where vpdpwssd exists (AVX512-VNNI
-# with VL, or AVX-VNNI). Without it a step would be vpmaddwd and an add, two instructions for
-# the sixteen products an FMA pair gives sgemm: no gain, so sgemm on x' stays there.
+# Whether vpdpwssd exists (AVX512-VNNI with VL, or AVX-VNNI): where the backends take the legacy
+# kinds as int16 for its sake (simd.int16_legacy). Without it (x86 with AVX2 and no AVX-512) a
+# step is vpmaddwd and an add, two instructions for the sixteen products an FMA pair gives
+# sgemm; the GEMM runs there too, so that a prefill's rows sum as decode's do (ldot.l_rows), its
+# speed there not yet measured against the sgemm on x' it replaced.
 FAST = fast_int_dot() and _vnni()
 
 P = 8  # weight rows per transposed block: one int32 lane of a 256-bit half each

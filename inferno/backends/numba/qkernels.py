@@ -499,9 +499,9 @@ LEGACY_ROW, LEGACY_GEMM, PREFILL, ROWS = "legacy_row", "legacy_gemm", "prefill",
 
 def linear_path(kind: int, B: int, mode: int, legacy: bool) -> str:
     """How `linear` computes x [B, cols] @ w.T for weights of `kind`. A legacy kind, where
-    `legacy` says so, takes x as int16 rows (ldot.py): one row through ldot.l_rows
-    (LEGACY_ROW), more through lgemm's GEMM (LEGACY_GEMM), both in one order of arithmetic, so
-    a row's result does not depend on how many rows share its step. A kind that can (int_dot)
+    `legacy` says so, takes x as int16 rows (ldot.py): up to LEGACY_FEW rows through
+    ldot.l_rows (LEGACY_ROW), more through lgemm's GEMM (LEGACY_GEMM), both in one order of
+    arithmetic, so a row's result does not depend on how many rows share its step. A kind that can (int_dot)
     takes int8 rows for mode 1 or 2 however many (ROWS); any other, more than FEW_MAX rows as
     dequantised tiles and sgemm (PREFILL), fewer through the row kernels."""
     if legacy and ldot.legacy.py_func(kind):
@@ -513,7 +513,7 @@ def linear_path(kind: int, B: int, mode: int, legacy: bool) -> str:
 
 @jit
 def legacy_row(kind, w, x, out):
-    """out [1, rows] = x [1, cols] @ w.T, x as one int16 row (ldot.l_rows)."""
+    """out [B, rows] = x [B, cols] @ w.T for B <= LEGACY_FEW, x as int16 rows (ldot.l_rows)."""
     x16, dx, xs16 = ldot.quantized(x)
     legacy_rows(kind, w, x16, dx, xs16, out, 0, w.shape[0])
 

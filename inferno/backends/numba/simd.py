@@ -112,7 +112,8 @@ class SimdBackend(Backend):
         # int8_activations is on, where float vectors are eight lanes (ldot.py: x86 without
         # AVX-512, where their float32 matvec is the slower) or where VNNI multiplies int16 pairs
         # (lgemm.py: a prefill's products at 1.4-2x sgemm's rate; decode in integers there
-        # measured even with the float32 kernels). Elsewhere the float32 kernels stay.
+        # measured even with the float32 kernels); and then one row, a few and many compute a
+        # row alike (batch-invariant). Elsewhere the float32 kernels stay.
         self.int16_legacy = eight_lane_floats() or lgemm.FAST
         # Q4_K linear weights repacked into panels of eight rows at load (linear_weight), on the
         # CPUs where decode measured faster so (kpanels.pays_on).
@@ -331,8 +332,7 @@ class SimdBackend(Backend):
         run = self._decode_kernel(kind, int(keys.sum()) * n_heads * head_dim)
         return run(contiguous(q), k_buf.view(np.uint8), v_buf.view(np.uint8),
                    np.ascontiguousarray(slots, dtype=np.int64), lens, int(window),
-                   score_scale(head_dim, scale), n_kv_heads, head_dim,
-                   KV.row_splits(keys, self.decode_min_keys))  # [B, nh * hd]
+                   score_scale(head_dim, scale), n_kv_heads, head_dim, self.decode_min_keys)  # [B, nh * hd]
 
     def _flash(self, work: int, *args) -> None:
         """Flash prefill of every head (`work`: query x key x head x head_dim products). Here
