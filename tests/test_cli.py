@@ -62,15 +62,18 @@ def histogram(stderr: str) -> dict[str, int]:
     return rows
 
 
-def test_trace_shows_one_flash_call_per_layer(qwen3_dir):
+def test_trace_shows_one_attention_call_per_layer(qwen3_dir):
+    """On pool (the default) a prompt's rows attend through the decode kernel, as a decode
+    step's would (Backend.batch_invariant): one call a layer, no flash or materialized scores."""
     layers = inferno.load(qwen3_dir, progress=False).config.num_hidden_layers
     p = cli("generate", "-m", qwen3_dir, "-p", "A long enough prompt for a prefill", "-n", 1, "--trace")
     assert p.returncode == 0, p.stderr
     ops = histogram(p.stderr)
-    assert ops["flash_attention_prefill"] == layers
+    assert ops["decode_attention"] == layers
     assert ops["linear_many"] == 2 * layers  # q/k/v and gate/up, each one call
     assert ops["linear"] == 2 * layers + 1  # o and down, and the lm head
-    for absent in ("fill_strict_upper_tri", "transpose_2d", "softmax_rows", "decode_attention"):
+    for absent in ("fill_strict_upper_tri", "transpose_2d", "softmax_rows", "flash_attention_prefill",
+                   "materialized_attention"):
         assert absent not in ops
 
 

@@ -84,8 +84,8 @@ class Backend:
     device = "cpu"
     default_cache_type = "f32"  # what kv_buffer stores when not told (see CACHE_TYPES)
     device_step = False  # whether decode_graphs gives a runner: decode steps sampled on the device
-    # Whether the model sends every row of a cached step through decode_attention, a prefill's
-    # rows as a decode's, because this backend's decode attention is the same sum for a row
+    # Whether the model sends every row of a cached step through decode_attention (with flash
+    # attention on, the default), a prefill's rows as a decode's, because this backend's decode attention is the same sum for a row
     # whatever rows share its step. With products that compute a row alike for one row or many
     # (simd and pool: the legacy kinds taken as int16; not yet the K-quants or float weights), a
     # prompt's logits then do not depend on how it was cut into chunks, how much of it a cache

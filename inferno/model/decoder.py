@@ -334,9 +334,10 @@ class DecoderModel:
             s = batch.segments[j]
             ops.write_kv(cache.k[i], s.slot, s.start, ops.rows(k, r[j], r[j + 1]))
             ops.write_kv(cache.v[i], s.slot, s.start, ops.rows(v, r[j], r[j + 1]))
-        if ops.batch_invariant:
+        if ops.batch_invariant and self.flash:
             # Every row against its slot's keys up to its own position, as a decode step reads
-            # them: a prompt's row then comes out the same whatever chunk it came in.
+            # them: a prompt's row then comes out the same whatever chunk it came in. (flash
+            # off asks for materialized scores, below, and gets them.)
             ctx = ops.decode_attention(q, cache.k[i], cache.v[i], batch.row_slots, batch.row_kv_lens,
                                        nh, nkv, hd, window=window, scale=scale)
             return ops.linear(ctx, layer.o_proj)
