@@ -14,6 +14,7 @@ end, and only them once it must end (`is_stopped`); consuming an allowed EOS is 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import TYPE_CHECKING
@@ -145,6 +146,70 @@ ANY_OBJECT = {
     "type": "object", "additionalProperties": {"$ref": "#/$defs/value"}}
 
 
+# A chat reply under a JSON response format may wrap its JSON in a markdown fence, as llama.cpp's
+# server allows (common/chat-auto-parser-generator.cpp): chat models write ```json by habit, and
+# a small one held to `{` from its first token is off its course and can loop where it would
+# have ended. The fence never reaches the reply's content (Unfence).
+FENCE_OPEN, FENCE_CLOSE = r"```json[ \t]*\n?", r"\n?```"
+
+
+def fenced(schema_text: str) -> str:
+    """Lark for a JSON Schema's JSON, bare or inside a ```json fence."""
+    schema = json.loads(schema_text)
+    if schema is True:
+        schema = {}
+    if isinstance(schema, dict):
+        schema = {**schema, "x-guidance": {**JSON_OPTIONS, **schema.get("x-guidance", {})}}
+    return (f"start: FENCE_OPEN body FENCE_CLOSE | body\nFENCE_OPEN: /{FENCE_OPEN}/\n"
+            f"FENCE_CLOSE: /{FENCE_CLOSE}/\nbody: %json {json.dumps(schema)}\n")
+
+
+class Unfence:
+    """A reply's text streamed without the fence `fenced` allows around its JSON. Text is held
+    back only while it may still be fence: the opening until it is whole, a tail of whitespace
+    and backticks until more follows. feed() + ... + finish() equals the whole text unfenced."""
+    _open = re.compile(FENCE_OPEN)
+    _tail = re.compile(r"\s*`{0,3}\Z")
+
+    def __init__(self):
+        self.state = "start"  # -> "plain" (no fence) or "body" (inside one)
+        self.held = ""
+
+    def feed(self, text: str) -> str:
+        self.held += text
+        if self.state == "start":
+            if not self.held:
+                return ""
+            if not self.held.startswith("`"):
+                self.state = "plain"
+            else:
+                m = self._open.match(self.held)
+                if m is None or m.end() == len(self.held):  # not whole yet: more may belong to it
+                    return ""
+                self.state, self.held = "body", self.held[m.end():]
+        if self.state == "plain":
+            out, self.held = self.held, ""
+            return out
+        cut = self._tail.search(self.held).start()
+        out, self.held = self.held[:cut], self.held[cut:]
+        return out
+
+    def finish(self) -> str:
+        """What is held at the end: nothing of a fence, any other text as it came."""
+        held, self.held = self.held, ""
+        if self.state == "start":
+            m = self._open.match(held)
+            return "" if m is not None or "```json".startswith(held) else held
+        if self.state == "body" and re.fullmatch(r"\s*```", held):
+            return ""
+        return held
+
+
+def unfence(text: str) -> str:
+    u = Unfence()
+    return u.feed(text) + u.finish()
+
+
 @dataclass(frozen=True)
 class Grammar:
     """A compiled constraint: `template` is a matcher at the start, copied for each sequence."""
@@ -153,6 +218,7 @@ class Grammar:
     template: llg.LLMatcher
     eos_ids: tuple[int, ...]
     mask_width: int  # token ids its masks cover
+    fenced: bool = False  # JSON that may come inside a ```json fence (Unfence removes it)
 
     def matcher(self) -> "Matcher":
         """A new sequence's place in this grammar: at its start."""
@@ -197,10 +263,13 @@ class Grammars:
                 if i < self.mask_width and self.lltok.is_special_token(i)}
 
     def compile(self, *, json_schema: dict | str | None = None, grammar: str | None = None,
-                regex: str | None = None, lark: str | None = None, json_object: bool = False) -> Grammar:
+                regex: str | None = None, lark: str | None = None, json_object: bool = False,
+                fence: bool = False) -> Grammar:
         """Exactly one constraint: a JSON Schema, a GBNF grammar (llama.cpp's; Lark text is
-        accepted too), a regex, llguidance's Lark, or any JSON object. Raises InfernoError naming
-        the parameter and what is wrong with it."""
+        accepted too), a regex, llguidance's Lark, or any JSON object. `fence`: a JSON
+        constraint's reply may also come inside a ```json fence (`fenced`), as a chat reply
+        under a response format may. Raises InfernoError naming the parameter and what is wrong
+        with it."""
         given = {k: v for k, v in dict(json_schema=json_schema, grammar=grammar, regex=regex,
                                        lark=lark).items() if v is not None}
         if json_object:
@@ -221,19 +290,22 @@ class Grammars:
             source = json.dumps(json_defaults(source))
         elif not isinstance(source, str):
             raise InfernoError(f"{kind} must be text, not {type(source).__name__}", params=(kind,))
-        key = (kind, source)
+        fence = fence and kind in ("json_schema", "json_object")
+        key = (kind, source, fence)
         if key not in self._cache:
             if len(self._cache) >= 256:  # requests repeat their schemas; a bound keeps it small
                 self._cache.pop(next(iter(self._cache)))
-            self._cache[key] = self._compile(kind, source)
+            self._cache[key] = self._compile(kind, source, fence)
         return self._cache[key]
 
-    def _compile(self, kind: str, source: str) -> Grammar:
+    def _compile(self, kind: str, source: str, fence: bool = False) -> Grammar:
         what = {"json_schema": "JSON Schema", "json_object": "JSON Schema", "grammar": "GBNF grammar",
                 "regex": "regex", "lark": "Lark grammar"}[kind]
         llg = _llguidance()
         try:
-            if kind in ("json_schema", "json_object"):
+            if fence:
+                text = llg.LLMatcher.grammar_from_lark(fenced(source))
+            elif kind in ("json_schema", "json_object"):
                 text = llg.LLMatcher.grammar_from_json_schema(source, defaults=JSON_OPTIONS)
             elif kind == "grammar":
                 from llguidance.gbnf_to_lark import any_to_lark
@@ -249,7 +321,7 @@ class Grammars:
         if template.is_error():
             raise InfernoError(f"{kind}: not a valid {what} (or one llguidance does not support): "
                                f"{one_line(template.get_error())}", params=(kind,))
-        return Grammar(kind, text, template, self.eos_ids, self.mask_width)
+        return Grammar(kind, text, template, self.eos_ids, self.mask_width, fence)
 
     def matcher(self, grammar: Grammar) -> "Matcher":
         return grammar.matcher()

@@ -148,6 +148,53 @@ def test_gbnf_regex_lark_and_json_object(vocabs, grammars, kind):
         assert isinstance(json.loads(text(any_object, s)), dict)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_fenced_json_schema_reply_validates_once_unfenced(vocabs, grammars, kind):
+    """fence=True: random replies come bare or inside a ```json fence (both are taken), and
+    without the fence every one parses and validates; a ```python fence is refused."""
+    g, tok = grammars[kind], vocabs[kind]
+    grammar = g.compile(json_schema=SCHEMA, fence=True)
+    assert grammar.fenced and grammar is not g.compile(json_schema=SCHEMA)
+    shapes = set()
+    for seed in range(40):
+        ids, ended = random_decode(g, grammar, seed)
+        assert ended
+        text = tok.decode(ids)
+        shapes.add(text.startswith("```json"))
+        jsonschema.validate(json.loads(C.unfence(text)), SCHEMA)
+        if len(shapes) == 2 and seed >= 5:
+            break
+    assert shapes == {True, False}
+    m = g.matcher(grammar)
+    with pytest.raises(InfernoError):
+        for t in tok.encode("```python", add_special_tokens=False):
+            m.consume(t)
+    assert not g.compile(regex="a+", fence=True).fenced  # only JSON is fenced
+
+
+FENCED = [
+    ('```json\n{"a": "x ``` y", "b": [1, 2]}\n```', '{"a": "x ``` y", "b": [1, 2]}'),
+    ('```json {\n  "a": 1\n}```', '{\n  "a": 1\n}'),
+    ('{"a": "`"}', '{"a": "`"}'),
+    ('{"a": 1}', '{"a": 1}'),
+    ('```json\n{"a": "cut here  `', '{"a": "cut here  `'),  # cut by max_tokens: the text as it came
+    ('```js', ''),  # cut inside the opening: nothing of it
+    ('', ''),
+]
+
+
+@pytest.mark.parametrize("text,want", FENCED)
+def test_unfence_streams_what_it_gives_whole(text, want):
+    """Any cutting of the stream gives the whole text's unfencing, and never sends fence."""
+    assert C.unfence(text) == want
+    for i in range(len(text) + 1):
+        for j in range(i, len(text) + 1):
+            u = C.Unfence()
+            sent = [u.feed(text[:i]), u.feed(text[i:j]), u.feed(text[j:]), u.finish()]
+            assert "".join(sent) == want, (i, j, sent)
+            assert not "".join(sent[:3]).startswith("`")
+
+
 def test_eos_is_the_only_way_out_once_complete(vocabs):
     tok = vocabs["bpe_folder"]
     eos = (tok.hf.token_to_id("<|im_end|>"), tok.hf.token_to_id("<|endoftext|>"))  # two, as Qwen has

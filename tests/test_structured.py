@@ -18,6 +18,7 @@ from test_serve import running, wait_healthy
 from tiny import make_model
 
 import inferno
+from inferno.constrain import unfence
 from inferno.model.resolve import resolve
 from inferno.model.sampling import SamplingParams
 from inferno.serve import BatchEngine, Options
@@ -161,12 +162,31 @@ def test_json_object(which, request):
         assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_fenced_reply_reaches_content_without_its_fence(real, stream):
+    """SmolLM2 writes ```json first (llama.cpp's server allows it too): the JSON inside ends,
+    and the content holds only the JSON, streamed or whole."""
+    client, _ = real
+    ask = dict(model="m", messages=[{"role": "user", "content": "List three fruits as JSON."}], temperature=0,
+               max_tokens=300, response_format={"type": "json_object"})
+    whole = client.chat.completions.create(logprobs=True, **ask)
+    assert whole.choices[0].logprobs.content[0].token == "```"  # the model did fence it
+    content, finish = whole.choices[0].message.content, whole.choices[0].finish_reason
+    if stream:
+        content, _, finish = streamed(client, **ask)
+    assert finish == "stop" and content == whole.choices[0].message.content
+    assert isinstance(json.loads(content), dict) and "`" not in content
+
+
 def test_max_tokens_cut_is_length(tiny):
     client, _ = tiny
     schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
-    r = client.chat.completions.create(model="m", messages=ASK, temperature=0, max_tokens=3,
+    r = client.chat.completions.create(model="m", messages=ASK, temperature=0, max_tokens=24, logprobs=True,
                                        response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
-    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content.startswith("{")
+    written = "".join(t.token for t in r.choices[0].logprobs.content)
+    # What was written, less a ```json fence the grammar allows (this model takes it).
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content == unfence(written)
+    assert r.choices[0].message.content.startswith("{")
 
 
 def test_gbnf_and_json_schema_fields_on_chat_and_completions(tiny):

@@ -204,7 +204,8 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, batch.ctx_size - len(ids))
         options = req.options(engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0, grammar,
                               tool_format)
-        return await respond(request, req, Response("chat", req.model, state.tokens, tool_format),
+        return await respond(request, req, Response("chat", req.model, state.tokens, tool_format,
+                                      fenced=grammar is not None and grammar.fenced),
                              submit(batch, ids, options, req.n, "max_completion_tokens"))
 
     @api.post("/v1/completions")

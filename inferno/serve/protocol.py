@@ -8,12 +8,14 @@ that change nothing (`user`, `store`, `metadata`...) are ignored, as OpenAI's ow
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferno.constrain import Unfence, unfence
 from inferno.model.sampling import SamplingDefaults
 from inferno.sequence import Event, Options, TokenLogprob
 from inferno.tools import StreamParser
@@ -215,12 +217,14 @@ class ChatRequest(Request):
             if super().constraint():
                 raise APIError(400, "give response_format or json_schema/grammar, not both", param="response_format")
             if rf.type == "json_object":
-                return {"json_object": True}
+                return {"json_object": True, "fence": True}
             if rf.json_schema is None or rf.json_schema.schema_ is None:
                 raise APIError(400, "response_format json_schema needs json_schema.schema",
                                param="response_format.json_schema")
-            return {"json_schema": rf.json_schema.schema_}
-        return super().constraint()
+            return {"json_schema": rf.json_schema.schema_, "fence": True}
+        spec = super().constraint()
+        # A chat reply's JSON may come in a ```json fence, which the content never shows.
+        return {**spec, "fence": True} if spec and "json_schema" in spec else spec
 
 
 class CompletionRequest(Request):
@@ -234,10 +238,13 @@ class Response:
     """The envelope every chunk or body of one response shares."""
 
     def __init__(self, kind: Literal["chat", "text"], model: str, tokens: "TokenText",
-                 tool_format: str | None = None):
-        """`tool_format` (tools.FORMATS): the replies are parsed for tool calls in that format."""
+                 tool_format: str | None = None, fenced: bool = False):
+        """`tool_format` (tools.FORMATS): the replies are parsed for tool calls in that format.
+        `fenced`: their JSON may come in a ```json fence (constrain.fenced), which is removed."""
         self.kind, self.model, self.tokens, self.tool_format = kind, model, tokens, tool_format
+        self.fenced = fenced
         self.parsers: dict[int, StreamParser] = {}  # choice -> its streamed tool-call parser
+        self.unfences: dict[int, Unfence] = {}  # choice -> its fence remover
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.offsets: dict[int, int] = {}  # choice -> characters sent, for completions' text_offset
@@ -249,6 +256,10 @@ class Response:
     def chunk_choices(self, ev: Event) -> list[dict]:
         """The streamed choice chunks of `ev`: its text (content and tool-call deltas, when
         tools are parsed), log-probabilities and finish."""
+        if self.kind == "chat" and self.fenced:
+            unfence = self.unfences.setdefault(ev.index, Unfence())
+            text = unfence.feed(ev.text) + (unfence.finish() if ev.finish_reason else "")
+            return [self.chunk_choice(dataclasses.replace(ev, text=text))]
         if self.kind != "chat" or self.tool_format is None:
             return [self.chunk_choice(ev)]
         parser = self.parsers.setdefault(ev.index, StreamParser(self.tool_format))
@@ -305,6 +316,8 @@ class Response:
         choices = []
         for index, evs in sorted(by_index.items()):
             text = "".join(e.text for e in evs)
+            if self.kind == "chat" and self.fenced:
+                text = unfence(text)
             lps = [lp for e in evs for lp in (e.logprobs or ())] if evs[0].logprobs is not None else None
             merged = Event(index, text, [t for e in evs for t in e.token_ids], lps, evs[-1].finish_reason)
             if self.kind == "chat":
