@@ -28,7 +28,7 @@ LATER = """
 import json, sys, time
 import inferno
 from inferno.backends.numba import jitcache
-from inferno.model.sampling import SamplingParams
+from inferno.sampling import SamplingParams
 from inferno.serve import BatchEngine, Options
 
 t0 = time.perf_counter()

@@ -231,8 +231,8 @@ class Bench:
         from tokenizers.models import WordLevel
 
         from inferno.model.config import ModelConfig
-        from inferno.model.loader import Checkpoint
-        from inferno.model.tokenizer import Tokenizer
+        from inferno.loading.loader import Checkpoint
+        from inferno.tokenizers.tokenizer import Tokenizer
         cfg = ModelConfig(architecture="qwen3", rms_norm_eps=1e-6, rope_theta=1e6,
                           max_position_embeddings=40960, **shape)
         rng = np.random.default_rng(0)

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from inferno.model.gguf import load_gguf
-from inferno.model.gguf_file import read_gguf
-from inferno.model.gguf_tokenizer import tokenizer_from_gguf
-from inferno.model.resolve import resolve
+from inferno.loading.gguf import load_gguf
+from inferno.formats.gguf_file import read_gguf
+from inferno.tokenizers.gguf_tokenizer import tokenizer_from_gguf
+from inferno.loading.resolve import resolve
 
 
 def median_ms(fn, rounds: int) -> str:

@@ -27,7 +27,7 @@ import numpy as np
 
 from inferno import bench
 from inferno.errors import InfernoError
-from inferno.model.resolve import resolve
+from inferno.loading.resolve import resolve
 
 
 def _peak_rss() -> int:
@@ -98,7 +98,7 @@ class LlamaCppRunner:
     def __init__(self, gguf: str, threads: int, n_ctx: int, label: str):
         from llama_cpp import Llama
 
-        from inferno.model.gguf_file import read_gguf
+        from inferno.formats.gguf_file import read_gguf
         self.threads, self.model_name, self.backend = threads, label, "llama.cpp"
         t0 = time.perf_counter()
         self.llm = Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads,

@@ -86,7 +86,7 @@ def quantize(src: Path, dst: Path, qtype: str, threads: int | None = None) -> Pa
 
 
 def main(argv=None) -> int:
-    from inferno.model.resolve import resolve
+    from inferno.loading.resolve import resolve
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -78,7 +78,7 @@ def model_label(model) -> str:
     """A short name for the table: an alias or hub id as given, a path by its last part."""
     from pathlib import Path
 
-    from inferno.model.resolve import DEFAULT_MODEL
+    from inferno.loading.resolve import DEFAULT_MODEL
     if model is None:
         return DEFAULT_MODEL
     path = Path(str(model))

@@ -17,8 +17,8 @@ from inferno.backends import DEFAULT_BACKEND, backend_names
 from inferno.backends.base import CACHE_TYPES
 from inferno.formats.quant import QUANTIZERS
 from inferno.errors import InfernoError, as_flags
-from inferno.model.resolve import DEFAULT_MODEL
-from inferno.model.sampling import SAMPLING_FIELDS, SamplingParams
+from inferno.loading.resolve import DEFAULT_MODEL
+from inferno.sampling import SAMPLING_FIELDS, SamplingParams
 
 EXIT_ERROR = 1
 
@@ -361,7 +361,7 @@ def cmd_serve(args) -> int:
     import os
 
     from inferno.engine import check_ctx_size
-    from inferno.model.resolve import resolve
+    from inferno.loading.resolve import resolve
     try:
         from inferno.serve.app import ServerConfig
     except ImportError as e:
@@ -403,13 +403,13 @@ def cmd_warmup(args) -> int:
 
 
 def cmd_pull(args) -> int:
-    from inferno.model.resolve import pull
+    from inferno.loading.resolve import pull
     print(pull(args.name))
     return 0
 
 
 def cmd_list(args) -> int:
-    from inferno.model.resolve import cache_dir, list_models
+    from inferno.loading.resolve import cache_dir, list_models
     rows = [("NAME", "SOURCE", "SIZE", "WHERE")]
     for m in list_models():
         rows.append((m["name"] + (" *" if m["default"] else ""), m["origin"],

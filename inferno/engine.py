@@ -26,10 +26,10 @@ from inferno.backends.tracing import TracingBackend
 from inferno.constrain import Grammar, Grammars
 from inferno.tools import detect_format, for_template, supports_tools
 from inferno.errors import InfernoError
-from inferno.model.loader import Checkpoint, open_checkpoint
+from inferno.loading.loader import Checkpoint, open_checkpoint
 from inferno.model.decoder import UBATCH, DecoderModel, Segment
-from inferno.model.resolve import alias_sampling, resolve
-from inferno.model.sampling import SamplingDefaults
+from inferno.loading.resolve import alias_sampling, resolve
+from inferno.sampling import SamplingDefaults
 from inferno.scheduler import Scheduler, Slots
 from inferno.sequence import Options, Sequence, TokenLogprob
 
@@ -451,11 +451,10 @@ def check_ctx_size(ctx_size: int | None, config=None) -> int | None:
     return ctx_size
 
 
-def quantize_weights(checkpoint: Checkpoint, qtype: str) -> None:
+def quantize_weights(checkpoint: Checkpoint, qtype: str, ops) -> None:
     """Every float matrix of the checkpoint (float32, or 16-bit kept as stored) quantized to
-    `qtype` in place, rows of whole 32-weight blocks only; one line on stderr says what it did."""
-    from inferno.backends.numba.qkernels import quantize  # the numba kernel: --weights only
-
+    `qtype` in place by the backend `ops`, rows of whole 32-weight blocks only; one line on
+    stderr says what it did."""
     t0 = time.perf_counter()
     done = kept = 0
     for name, w in checkpoint.tensors.items():
@@ -466,7 +465,7 @@ def quantize_weights(checkpoint: Checkpoint, qtype: str) -> None:
             kept += 1
             continue
         dense = w if isinstance(w, np.ndarray) else w.dequantize()
-        checkpoint.tensors[name] = quantize(dense, qtype)
+        checkpoint.tensors[name] = ops.quantize_weight(dense, qtype)
         done += 1
     note = f", {kept} left as they were (rows not a multiple of 32)" if kept else ""
     print(f"note: quantized {done} matrices to {qtype.upper()} at load in "
@@ -513,7 +512,7 @@ def load(model: str | None = None, backend: str = DEFAULT_BACKEND, *, flash: boo
         checkpoint = open_checkpoint(path, progress=progress)
         check_ctx_size(ctx_size, checkpoint.config)  # before any weight reaches the backend
         if weights is not None:
-            quantize_weights(checkpoint, weights)
+            quantize_weights(checkpoint, weights, ops)
         alias = alias_sampling(model)
         if alias:
             checkpoint.sampling.append(alias)

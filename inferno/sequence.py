@@ -17,7 +17,7 @@ import numpy as np
 from inferno.backends.base import DecodeRows, SlotStart
 from inferno.constrain import apply_mask, fill_masks
 from inferno.errors import InfernoError
-from inferno.model.sampling import SamplingParams, sample
+from inferno.sampling import SamplingParams, sample
 from inferno.tools import CallGuard
 
 

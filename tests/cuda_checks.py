@@ -33,8 +33,8 @@ from inferno.backends import create_backend  # noqa: E402
 from inferno.backends.torch import sampling as device_sampling  # noqa: E402
 from inferno.backends.torch.graphs import DecodeGraphs  # noqa: E402
 from inferno.engine import Engine  # noqa: E402
-from inferno.model.loader import open_checkpoint  # noqa: E402
-from inferno.model.sampling import SamplingParams, sample  # noqa: E402
+from inferno.loading.loader import open_checkpoint  # noqa: E402
+from inferno.sampling import SamplingParams, sample  # noqa: E402
 from inferno.serve.batch import BatchEngine  # noqa: E402
 
 

@@ -9,7 +9,7 @@ import pytest
 import inferno
 import inferno.sequence
 from inferno.model.decoder import Segment
-from inferno.model.sampling import SamplingParams
+from inferno.sampling import SamplingParams
 from inferno.serve import BatchEngine, Options
 from inferno.sequence import held_back
 

@@ -21,9 +21,9 @@ import tiny_spm
 
 from inferno import constrain as C
 from inferno.errors import InfernoError
-from inferno.model.gguf_file import read_gguf
-from inferno.model.gguf_tokenizer import tokenizer_from_gguf
-from inferno.model.tokenizer import Tokenizer
+from inferno.formats.gguf_file import read_gguf
+from inferno.tokenizers.gguf_tokenizer import tokenizer_from_gguf
+from inferno.tokenizers.tokenizer import Tokenizer
 
 KINDS = ["bpe_folder", "bpe_gguf", "spm_gguf", "spm_folder"]
 

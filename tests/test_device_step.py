@@ -39,8 +39,8 @@ from inferno.backends.torch.graphs import DecodeGraphs, capture_sizes  # noqa: E
 from inferno.backends.torch.torch_backend import TorchBackend  # noqa: E402
 from inferno.engine import Engine  # noqa: E402
 from inferno.model.decoder import Segment  # noqa: E402
-from inferno.model.loader import open_checkpoint  # noqa: E402
-from inferno.model.sampling import SamplingParams, sample  # noqa: E402
+from inferno.loading.loader import open_checkpoint  # noqa: E402
+from inferno.sampling import SamplingParams, sample  # noqa: E402
 from inferno.sequence import Options  # noqa: E402
 from inferno.serve.batch import BatchEngine  # noqa: E402
 

@@ -149,7 +149,7 @@ def test_stop_strings_cut_the_reply(engine, monkeypatch):
 def test_the_servers_options_reach_the_python_api(engine):
     """logit_bias, penalties and logprobs, as the server has them: the same text as the batch
     engine given the same Options, and logprobs that are the log-softmax of generation's logits."""
-    from inferno.model.sampling import SamplingParams
+    from inferno.sampling import SamplingParams
     from inferno.serve import BatchEngine, Options
     greedy = dict(temperature=0, top_k=0, top_p=1, min_p=0)
     plain = engine.generate("hi", max_tokens=6, logprobs=True, top_logprobs=2, **greedy)

@@ -132,7 +132,7 @@ def test_do_sample_false_means_greedy(sampled_dir, tmp_path):
 
 
 def test_alias_carries_the_model_cards_sampling():
-    from inferno.model.resolve import alias_sampling
+    from inferno.loading.resolve import alias_sampling
     source, values = alias_sampling("smollm2-135m")
     assert values == {"temperature": 0.2, "top_p": 0.9} and "alias" in source
     assert alias_sampling(None) == alias_sampling("smollm2-135m")  # the default model

@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel
 from test_serve import running, wait_healthy
 
-from inferno.model.resolve import resolve
+from inferno.loading.resolve import resolve
 from inferno.serve.app import ServerConfig, build_app
 
 ASK = [{"role": "user", "content": "Tell me about Paris."}]

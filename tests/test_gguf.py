@@ -14,10 +14,10 @@ from tiny_gguf import T, dequantised_engine, mixed_types, permute, write_gguf
 import inferno
 from inferno.formats.quant import QTYPES, QuantTensor
 from inferno.errors import InfernoError
-from inferno.model.gguf import tensor, unpermute_qk
-from inferno.model.gguf_file import read_gguf
-from inferno.model.gguf_tokenizer import tokenizer_from_gguf
-from inferno.model.loader import open_checkpoint
+from inferno.loading.gguf import tensor, unpermute_qk
+from inferno.formats.gguf_file import read_gguf
+from inferno.tokenizers.gguf_tokenizer import tokenizer_from_gguf
+from inferno.loading.loader import open_checkpoint
 
 TEXTS = CORPUS + ["  leading spaces,\n\nblank lines\tand tabs  ", "<|im_start|>user\nhi<|im_end|>"]
 

@@ -1,4 +1,4 @@
-"""The GGUF parser (inferno/model/gguf_file.py): values as the gguf package reads them, vocabularies
+"""The GGUF parser (inferno/formats/gguf_file.py): values as the gguf package reads them, vocabularies
 read fast and right whatever their strings, and one InfernoError line for each way a file can lie
 about itself, raised before anything is allocated."""
 
@@ -14,7 +14,7 @@ from tiny_gguf import V, gguf_bytes, gguf_kv, gguf_string, gguf_tensor
 from inferno.formats.quant import QTYPES
 from inferno.errors import InfernoError
 from inferno.formats.quant import GGML_TYPES
-from inferno.model.gguf_file import FILE_TYPES, file_type_name, read_gguf
+from inferno.formats.gguf_file import FILE_TYPES, file_type_name, read_gguf
 
 
 def write(tmp_path, data: bytes):

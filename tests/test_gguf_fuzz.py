@@ -20,7 +20,7 @@ from tiny_gguf import mixed_types, write_gguf
 
 from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
-from inferno.model.loader import open_checkpoint
+from inferno.loading.loader import open_checkpoint
 
 CASES = 2000
 SECONDS_PER_CASE = 5

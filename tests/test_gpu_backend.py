@@ -21,7 +21,7 @@ from inferno.backends.torch import triton_decode  # noqa: E402
 from inferno.backends.torch.gpu import GpuBackend  # noqa: E402
 from inferno.engine import Engine  # noqa: E402
 from inferno.errors import InfernoError  # noqa: E402
-from inferno.model.loader import open_checkpoint  # noqa: E402
+from inferno.loading.loader import open_checkpoint  # noqa: E402
 
 if not triton_decode.INTERPRET:  # imported earlier in this process for CUDA
     importlib.reload(triton_decode)

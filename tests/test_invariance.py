@@ -12,7 +12,7 @@ import pytest
 import inferno
 from inferno.backends import create_backend
 from inferno.model.decoder import Segment
-from inferno.model.resolve import resolve
+from inferno.loading.resolve import resolve
 from tests.qblocks import random_blocks
 
 LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]

@@ -14,7 +14,7 @@ import pytest
 
 import inferno
 from inferno.backends.numba import jitcache
-from inferno.model.resolve import resolve
+from inferno.loading.resolve import resolve
 
 SCRIPT = """
 import json, sys
@@ -123,7 +123,7 @@ import gc, json, sys
 import inferno
 from numba.core.dispatcher import Dispatcher
 from inferno.backends.numba import jitcache
-from inferno.model.sampling import SamplingParams
+from inferno.sampling import SamplingParams
 from inferno.serve import BatchEngine, Options
 
 
@@ -327,15 +327,19 @@ def test_the_key_names_the_target_numba_compiles_for(monkeypatch):
 
 def test_the_key_ignores_the_torch_backends(monkeypatch, tmp_path):
     """The kernels' sources decide the key; an edit to the torch backends (which no Numba
-    kernel imports) must not recompile every kernel, an edit below the kernels must."""
-    for name in ("backends/base.py", "backends/numba/k.py", "backends/torch/t.py", "formats/f.py"):
+    kernel imports) or to a file reader beside the formats must not recompile every kernel, an
+    edit below the kernels must."""
+    formats = [f"formats/{f}" for f in jitcache.KERNEL_FORMATS]
+    for name in ("backends/base.py", "backends/numba/k.py", "backends/torch/t.py", "formats/gguf_file.py",
+                 *formats):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x = 1\n")
     monkeypatch.setattr(jitcache, "PACKAGE", tmp_path)
     key = jitcache.cache_key()
-    (tmp_path / "backends/torch/t.py").write_text("x = 2\n")
-    assert jitcache.cache_key() == key
-    for name in ("backends/base.py", "backends/numba/k.py", "formats/f.py"):
+    for name in ("backends/torch/t.py", "formats/gguf_file.py"):
+        (tmp_path / name).write_text("x = 2\n")
+        assert jitcache.cache_key() == key
+    for name in ("backends/base.py", "backends/numba/k.py", *formats):
         (tmp_path / name).write_text("changed = True\n")
         assert jitcache.cache_key() != key
         key = jitcache.cache_key()
@@ -354,3 +358,20 @@ def test_a_compile_is_timed_for_the_next_note(monkeypatch, tmp_path):
     assert jitcache.last_compile() == 83.4
     (tmp_path / "last-compile.json").write_text("not json")
     assert jitcache.last_compile() is None
+
+
+def test_the_kernel_key_reads_every_format_file_a_kernel_imports():
+    """An edit to a formats/ file the Numba backends import, even through another, recompiles;
+    the file readers beside them are left out of the key."""
+    from test_layers import graph
+
+    g = graph()
+    seen, todo = set(), [m for m in g if m.startswith("inferno.backends") and not m.startswith("inferno.backends.torch")]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(g[m])
+    used = {m.split(".")[-1] + ".py" for m in seen if m.startswith("inferno.formats.")} | {"__init__.py"}
+    assert used <= set(jitcache.KERNEL_FORMATS), used
+    assert "gguf_file.py" not in jitcache.KERNEL_FORMATS

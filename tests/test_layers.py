@@ -4,9 +4,10 @@ no circle anywhere, and no import that runs against the layers DESIGN.md draws:
     cli, chat, bench                      the commands
     serve/                                HTTP
     engine, scheduler, sequence, ...      the generation loop
-    model/                                the forward, the file readers, tokenizers
+    loading/                              a name to a checkpoint: aliases and the hub, GGUF, folders
+    model/  tokenizers/  sampling         the forward, config and cache; text to ids; the sampler
     backends/ (base, registry, tracing)   the contract;  backends/numba/, backends/torch/ below it
-    formats/                              what weights and cache rows are, as data
+    formats/                              what weights and cache rows are, and the files holding them
 """
 
 from __future__ import annotations
@@ -21,22 +22,33 @@ KERNELS = ("inferno.backends.numba", "inferno.backends.torch")
 LOOP = ("inferno.engine", "inferno.scheduler", "inferno.sequence", "inferno.constrain", "inferno.tools",
         "inferno.ahead")
 COMMANDS = ("inferno.cli", "inferno.chat", "inferno.bench", "inferno.helper")
+ABOVE_MODEL = ("inferno.loading", "inferno.serve") + LOOP + COMMANDS
+FILE_READERS = ("inferno.formats.gguf_file", "inferno.formats.safetensors", "inferno.loading")
 
 # What a layer may not import, by module prefix: (importer prefix, forbidden prefixes, why).
 RULES = [
-    ("inferno.formats", ("inferno.backends", "inferno.model", "inferno.serve") + LOOP + COMMANDS,
-     "formats are data: they import no kernel, no reader, no backend"),
-    ("inferno.backends", ("inferno.model", "inferno.serve") + LOOP + COMMANDS,
-     "backends compute; they know nothing of models, loops or servers"),
-    ("inferno.model", KERNELS + ("inferno.serve",) + LOOP + COMMANDS,
-     "the model reaches a backend through `ops` only, and readers never depend on kernels"),
+    ("inferno.formats", ("inferno.backends", "inferno.model", "inferno.tokenizers", "inferno.sampling")
+     + ABOVE_MODEL, "formats are data: they import no kernel, model, tokenizer or loader"),
+    ("inferno.backends", ("inferno.model", "inferno.tokenizers", "inferno.sampling") + FILE_READERS + ABOVE_MODEL,
+     "backends compute; they know nothing of models, files, loops or servers"),
+    ("inferno.model", KERNELS + ("inferno.tokenizers", "inferno.sampling") + FILE_READERS + ABOVE_MODEL,
+     "the model reaches a backend through `ops` only, and knows no file format or tokenizer"),
+    ("inferno.tokenizers", KERNELS + ("inferno.model", "inferno.sampling") + ABOVE_MODEL,
+     "a tokenizer turns text into ids, whatever model or loader uses it"),
+    ("inferno.sampling", KERNELS + ("inferno.model", "inferno.tokenizers") + ABOVE_MODEL,
+     "the sampler takes logits and settings"),
+    ("inferno.loading", KERNELS + ("inferno.serve",) + LOOP + COMMANDS,
+     "loading reads files into a checkpoint; it runs no kernel and no loop"),
     ("inferno.backends.base", KERNELS, "the contract imports no kernel"),
     ("inferno.backends.tracing", KERNELS, "the tracer wraps any backend, importing none"),
     ("inferno.backends.cpu", KERNELS, "the reference imports no kernel"),
     ("inferno.backends.__init__", KERNELS, "the registry imports a backend only when it is asked for"),
     ("inferno.backends.numba", ("inferno.backends.torch",), "a Numba user never loads torch"),
     ("inferno.backends.torch", ("inferno.backends.numba",), "a torch user never loads Numba"),
-    ("inferno.engine", ("inferno.serve",) + COMMANDS, "the loop serves the server, not the other way"),
+    ("inferno.engine", KERNELS + ("inferno.serve", "inferno.formats.gguf_file", "inferno.formats.safetensors",
+                                  "inferno.loading.gguf") + COMMANDS,
+     "the loop serves the server, not the other way; the engine knows no file format and no "
+     "backend's insides"),
     ("inferno.scheduler", ("inferno.serve",) + COMMANDS, "the loop serves the server, not the other way"),
     ("inferno.serve", COMMANDS, "the server does not import the commands"),
 ]

@@ -17,7 +17,7 @@ from tiny_gguf import T, dequantised_engine, write_gguf
 import inferno
 from inferno.errors import InfernoError
 from inferno.formats.quant import QuantTensor
-from inferno.model.loader import open_checkpoint
+from inferno.loading.loader import open_checkpoint
 
 QWEN3_MOE = dict(arch="qwen3_moe", heads=4, kv_heads=2, layers=3, num_experts=8, num_experts_per_tok=2,
                  mlp_only_layers=[1], norm_topk_prob=True)

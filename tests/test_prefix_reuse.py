@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import inferno
-from inferno.model.sampling import SamplingParams
+from inferno.sampling import SamplingParams
 from inferno.scheduler import Slots, common_prefix
 from inferno.serve import BatchEngine, Options
 from tiny import make_model

@@ -177,7 +177,7 @@ def test_a_folder_quantized_at_load(tmp_path, qtype, capsys):
 
     import inferno
     from inferno.engine import Engine, quantize_weights
-    from inferno.model.loader import open_checkpoint
+    from inferno.loading.loader import open_checkpoint
 
     folder = make_model(tmp_path / "m", "llama", hidden=64, heads=4, kv_heads=2, intermediate=96,
                         dtype="bfloat16")
@@ -190,7 +190,7 @@ def test_a_folder_quantized_at_load(tmp_path, qtype, capsys):
     assert w.qtype.name == qtype.upper() and np.array_equal(w.data, quantize(raw, qtype).data)
     # The oracle: the same blocks dequantized by gguf and run as float32 weights.
     ck = open_checkpoint(folder)
-    quantize_weights(ck, qtype)
+    quantize_weights(ck, qtype, CpuBackend())
     ck.tensors = {n: t.dequantize() if getattr(t, "qtype", None) is QTYPES[qtype.upper()] else t
                   for n, t in ck.tensors.items()}
     ids = list(range(3, 40))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import inferno
-from inferno.model.resolve import resolve
+from inferno.loading.resolve import resolve
 
 TEXT = ("The history of astronomy is the story of people looking up at the night sky and trying "
         "to explain what they saw. Early civilizations tracked the motions of the Sun, the Moon "

@@ -14,7 +14,7 @@ import pytest
 from test_chat import replay
 
 import inferno
-from inferno.model.resolve import resolve
+from inferno.loading.resolve import resolve
 
 VARIED = ("Héllo wörld! Café naïve résumé, Ærø — 東京と大阪、北京 😀🔥👩‍👩‍👧 and ﬁ ligatures\n"
           "def add(a,  b):\n\treturn a**2   +  b  # 12345 + 3.14\n\n\n   trailing   \n"

@@ -22,7 +22,7 @@ from tiny_gguf import T, write_gguf
 
 from inferno import InfernoError
 from inferno.cli import main
-from inferno.model import resolve
+from inferno.loading import resolve
 
 CLOSED = "http://127.0.0.1:9"  # the discard port: connections are refused at once
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
@@ -310,7 +310,7 @@ def test_corrupt_and_foreign_files(good_gguf, tmp_path):
 def test_the_collector_is_back_on_after_a_load(good_gguf, tmp_path):
     """open_checkpoint pauses Python's garbage collector while it reads; it resumes after a
     load and after a failed one, and stays off if it was off."""
-    from inferno.model.loader import open_checkpoint
+    from inferno.loading.loader import open_checkpoint
     corrupt = tmp_path / "corrupt.gguf"
     corrupt.write_bytes(b"GGUF" + b"\xff" * 4096)
     assert gc.isenabled()

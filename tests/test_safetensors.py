@@ -12,7 +12,7 @@ from tiny import make_model
 
 from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError
-from inferno.model.safetensors import SafetensorsFile, load_folder_tensors
+from inferno.formats.safetensors import SafetensorsFile, load_folder_tensors
 
 
 @pytest.mark.parametrize("dtype, qtype", [("bfloat16", "BF16"), ("float16", "F16"), ("float32", None)])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from inferno.errors import InfernoError
-from inferno.model.sampling import SamplingParams, sample
+from inferno.sampling import SamplingParams, sample
 
 LOGITS = np.array([1.0, 3.0, 2.9, -1.0, 0.5, 2.0], dtype=np.float32)
 

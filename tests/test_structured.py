@@ -19,8 +19,8 @@ from tiny import make_model
 
 import inferno
 from inferno.constrain import unfence
-from inferno.model.resolve import resolve
-from inferno.model.sampling import SamplingParams
+from inferno.loading.resolve import resolve
+from inferno.sampling import SamplingParams
 from inferno.serve import BatchEngine, Options
 from inferno.serve.app import ServerConfig, build_app
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from inferno.model.tokenizer import Tokenizer
+from inferno.tokenizers.tokenizer import Tokenizer
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -6,7 +6,7 @@
 - A tiny Llama-2-style vocabulary trained here with sentencepiece and written as llama.cpp's
   converter writes it: ids equal sentencepiece's own, and transformers' except on a leading space.
 Where transformers 5 departs from llama.cpp, inferno follows llama.cpp: see _sentencepiece in
-inferno/model/gguf_tokenizer.py.
+inferno/tokenizers/gguf_tokenizer.py.
 Streaming never prints half a character, also where byte fallback spreads one over several tokens.
 """
 
@@ -19,11 +19,11 @@ import pytest
 import tiny_spm
 from transformers import AutoTokenizer
 
-import inferno.model.gguf_tokenizer as G
+import inferno.tokenizers.gguf_tokenizer as G
 from inferno.errors import InfernoError
-from inferno.model.gguf_file import read_gguf
-from inferno.model.gguf_tokenizer import tokenizer_from_gguf
-from inferno.model.resolve import resolve
+from inferno.formats.gguf_file import read_gguf
+from inferno.tokenizers.gguf_tokenizer import tokenizer_from_gguf
+from inferno.loading.resolve import resolve
 
 # Not in Gemma's vocabulary: each is its UTF-8 bytes as <0xNN> tokens (3 or 4 of them).
 BYTE_FALLBACK = "𠀀𪚥 ꙮ 𓀀 🜁"

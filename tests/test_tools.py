@@ -21,7 +21,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from inferno import constrain as C
 from inferno import tools as T
 from inferno.errors import InfernoError
-from inferno.model.tokenizer import Tokenizer
+from inferno.tokenizers.tokenizer import Tokenizer
 from inferno.tools import CLOSE, OPEN
 
 def tool(name: str, properties: dict, required: list[str], **extra) -> dict:

@@ -184,7 +184,7 @@ def dequantised_engine(path):
     from inferno.backends import create_backend
     from inferno.engine import Engine
     from inferno.formats.quant import QuantTensor
-    from inferno.model.loader import open_checkpoint
+    from inferno.loading.loader import open_checkpoint
 
     checkpoint = open_checkpoint(path)
     checkpoint.tensors = {k: w.dequantize() if isinstance(w, QuantTensor) else w

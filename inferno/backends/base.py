@@ -103,6 +103,16 @@ class Backend:
         one, a QuantTensor stays quantized)."""
         return w if isinstance(w, QuantTensor) else self.from_numpy(w)
 
+    def quantize_weight(self, w: np.ndarray, qtype: str) -> QuantTensor:
+        """float32 rows `w` [rows, cols] in a GGML block type ("q8_0" or "q4_0"; cols a multiple
+        of 32), as llama.cpp's quantizer writes them (`--weights`). Here: the gguf package's
+        reference quantizer."""
+        from gguf import GGMLQuantizationType, quants
+
+        kind = GGMLQuantizationType[qtype.upper()]
+        data = quants.quantize(np.ascontiguousarray(w, dtype=np.float32), kind)
+        return QuantTensor(qtype.upper(), w.shape, data)
+
     def linear_weight(self, w):
         """A `[out, in]` weight that only `linear`/`linear_many` will multiply (never looked up
         as an embedding, never an expert's stack): weight(w), or a form made for this backend's

@@ -1,1 +1,3 @@
-"""Model definition and everything around it: config, weights, tokenizer, cache, sampling."""
+"""The model: its config (config.py: the families, read from a config.json or GGUF metadata), the
+forward (decoder.py, through a backend's ops only) and the KV cache (kv_cache.py). No file format,
+tokenizer or kernel is known here."""

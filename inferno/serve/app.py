@@ -63,7 +63,7 @@ class ServerConfig:
 
     @property
     def served_name(self) -> str:
-        from inferno.model.resolve import DEFAULT_MODEL
+        from inferno.loading.resolve import DEFAULT_MODEL
         if self.model_id:
             return self.model_id
         model = self.model or DEFAULT_MODEL

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferno.constrain import Unfence, unfence
-from inferno.model.sampling import SamplingDefaults
+from inferno.sampling import SamplingDefaults
 from inferno.sequence import Event, Options, TokenLogprob
 from inferno.tools import StreamParser
 from inferno.tools import parse as parse_calls

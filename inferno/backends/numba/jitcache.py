@@ -88,10 +88,11 @@ def cache_key() -> str:
     from inferno.backends.numba.lanes import target_cpu
 
     h = hashlib.sha256()
-    # the kernels import the backends' and the formats' code, never the torch backends' (a
-    # Numba user never loads torch: tests/test_layers.py), whose edits need no recompile
+    # the kernels import the backends' code and the weight and cache formats, never the torch
+    # backends' (a Numba user never loads torch: tests/test_layers.py) nor the file readers
+    # beside the formats, whose edits need no recompile
     torch_side = PACKAGE / "backends" / "torch"
-    sources = [*(PACKAGE / "backends").rglob("*.py"), *(PACKAGE / "formats").rglob("*.py")]
+    sources = [*(PACKAGE / "backends").rglob("*.py"), *(PACKAGE / "formats" / f for f in KERNEL_FORMATS)]
     for path in sorted(p for p in sources if torch_side not in p.parents):
         h.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
     h.update(f"numba {numba.__version__} llvmlite {llvmlite.__version__} {sys.version_info[:2]}".encode())
@@ -99,6 +100,10 @@ def cache_key() -> str:
     features = config.CPU_FEATURES if config.CPU_FEATURES is not None else llvm.get_host_cpu_features().flatten()
     h.update(f"{name} {features}".encode())
     return h.hexdigest()[:20]
+
+
+# The files of formats/ that kernels import (tests/test_jitcache.py checks the list).
+KERNEL_FORMATS = ("__init__.py", "quant.py", "cache_types.py")
 
 
 def _writable(folder: Path) -> bool:

@@ -148,6 +148,10 @@ class SimdBackend(Backend):
     def from_numpy(self, a):
         return contiguous(a)
 
+    def quantize_weight(self, w, qtype):
+        """As the contract's, on every core, the same bytes (qkernels.quantize)."""
+        return Q.quantize(w, qtype)
+
     def weight(self, w):
         """[out, in] as stored (see the module docstring): a read-only memory-mapped float32 view
         is not copied, and a QuantTensor stays quantized (quantized_weight). Every float weight

@@ -1,4 +1,4 @@
-"""Sampling on the device: the host sampler's rules (inferno/model/sampling.py) over a batch of
+"""Sampling on the device: the host sampler's rules (inferno/sampling.py) over a batch of
 logits rows in torch, so that a decode step hands back one token id per sequence instead of
 [batch, vocab] logits.
 

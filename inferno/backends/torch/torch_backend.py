@@ -114,6 +114,13 @@ class TorchBackend(Backend):
     def weight_nbytes(self, w) -> int:
         return w.numel() * w.element_size()
 
+    def quantize_weight(self, w, qtype):
+        """The Numba kernel's quantizer (the same bytes as the contract's, many times faster),
+        imported here as _dequantized imports its dequantizer."""
+        from inferno.backends.numba.qkernels import quantize
+
+        return quantize(w, qtype)
+
     def _dequantized(self, w: QuantTensor):
         """w at this backend's dtype, dequantised a tile of rows at a time (host memory stays
         bounded by one tile, the whole tensor exists only at the target dtype)."""

@@ -26,10 +26,10 @@ from inferno.formats.cache_types import widen_bf16
 from inferno.formats.quant import QTYPES, QuantTensor
 from inferno.errors import InfernoError, one_line
 from inferno.model.config import Experts, ModelConfig, RopeScaling
-from inferno.model.gguf_file import GGUFFile, TensorInfo, read_gguf
-from inferno.model.gguf_tokenizer import tokenizer_from_gguf
-from inferno.model.checkpoint import Checkpoint
-from inferno.model.sampling import gguf_sampling
+from inferno.formats.gguf_file import GGUFFile, TensorInfo, read_gguf
+from inferno.tokenizers.gguf_tokenizer import tokenizer_from_gguf
+from inferno.loading.checkpoint import Checkpoint
+from inferno.sampling import gguf_sampling
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
 # GGUF architecture -> the family whose forward pass it runs (config.FAMILIES); experts come

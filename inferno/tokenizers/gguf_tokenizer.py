@@ -26,7 +26,7 @@ import os
 import numpy as np
 
 from inferno.errors import InfernoError, one_line
-from inferno.model.tokenizer import Tokenizer
+from inferno.tokenizers.tokenizer import Tokenizer
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"

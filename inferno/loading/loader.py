@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from inferno.errors import InfernoError
-from inferno.model.checkpoint import Checkpoint, progress_bar
+from inferno.loading.checkpoint import Checkpoint, progress_bar
 from inferno.formats.quant import QuantTensor
 from inferno.model.config import ModelConfig
-from inferno.model.gguf import load_gguf
-from inferno.model.gguf_file import MAGIC
-from inferno.model.resolve import resolve
-from inferno.model.safetensors import load_folder_tensors
-from inferno.model.sampling import generation_config_sampling
-from inferno.model.tokenizer import Tokenizer, read_json
+from inferno.loading.gguf import load_gguf
+from inferno.formats.gguf_file import MAGIC
+from inferno.loading.resolve import resolve
+from inferno.formats.safetensors import load_folder_tensors
+from inferno.sampling import generation_config_sampling
+from inferno.tokenizers.tokenizer import Tokenizer, read_json
 
 FOLDER_CONTENTS = "config.json, *.safetensors and tokenizer.json"
 
@@ -136,7 +136,7 @@ def _stack(parts: list, what: str, folder: Path):
 
 def open_checkpoint(model: str | Path | None = None, progress: bool = False) -> Checkpoint:
     """Load `model`: a folder, a .gguf file, a hub id or an alias (None: the default model);
-    see inferno.model.resolve for how each is found or fetched."""
+    see inferno.loading.resolve for how each is found or fetched."""
 
     path = resolve(model)
     with collector_paused():

@@ -10,8 +10,8 @@ import numpy as np
 
 from inferno.formats.quant import QuantTensor
 from inferno.model.config import ModelConfig
-from inferno.model.gguf_file import file_type_name
-from inferno.model.tokenizer import Tokenizer
+from inferno.formats.gguf_file import file_type_name
+from inferno.tokenizers.tokenizer import Tokenizer
 
 
 @dataclass
