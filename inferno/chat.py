@@ -70,10 +70,10 @@ def run_chat(engine: Engine, *, system: str | None = None, think: bool = True,
         out.write("\n")
         out.flush()
         result = stream.result
-        if result.stop_reason == "length":  # cut mid-reply: say so, as llama.cpp and ollama do
+        if result.cut_by == "max_tokens":  # cut mid-reply: say so, as llama.cpp and ollama do
             print(_dim(f"[max tokens: the reply was cut at {result.generated_tokens} tokens; "
                        f"raise --max-tokens for longer replies]", err), file=err, flush=True)
-        elif result.stop_reason == "context":
+        elif result.cut_by == "context":
             print(_dim(f"[context full: the reply was cut at {result.generated_tokens} tokens; "
                        f"raise --ctx-size, or /clear]", err), file=err, flush=True)
         messages.append({"role": "assistant", "content": result.text})

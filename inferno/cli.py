@@ -266,8 +266,8 @@ def _read_file(path: str, flag: str) -> str:
 
 
 def format_stats(r) -> str:
-    cut = {"length": " (stopped at --max-tokens)", "stop": " (stopped at a --stop string)",
-           "context": " (stopped at the end of the context: raise --ctx-size for more)"}.get(r.stop_reason, "")
+    cut = {"max_tokens": " (stopped at --max-tokens)", "stop": " (stopped at a --stop string)",
+           "context": " (stopped at the end of the context: raise --ctx-size for more)"}.get(r.cut_by, "")
     return "\n".join([
         f"prefill: {r.prompt_tokens} prompt tokens, time to first token {r.ttft_s * 1e3:.1f} ms, "
         f"{r.prefill_tokens_per_s:.1f} tokens/s",
@@ -321,7 +321,7 @@ def cmd_generate(args) -> int:
             # A program reads this: the reply goes out whole, or not at all when it is cut.
             for _ in stream:
                 pass
-            if stream.result.stop_reason == "eos":
+            if stream.result.cut_by is None:
                 print(stream.result.text, flush=True)
         else:
             for piece in stream:
@@ -332,17 +332,17 @@ def cmd_generate(args) -> int:
         print(format_stats(stream.result), file=sys.stderr)
         if args.trace:
             print(engine.ops.format_histogram(), file=sys.stderr)
-        if constrained and stream.result.stop_reason != "eos":  # (the grammar's end is an EOS)
+        if constrained and stream.result.cut_by is not None:
             what = "JSON" if args.json_schema is not None else "reply the grammar asks for"
             print(f"error: the {what} is incomplete: the reply was cut at {stream.result.generated_tokens} "
-                  f"tokens ({CUT[stream.result.stop_reason]}) before it ended", file=sys.stderr)
+                  f"tokens ({CUT[stream.result.cut_by]}) before it ended", file=sys.stderr)
             return 1
     finally:
         engine.close()
     return 0
 
 
-CUT = {"length": "by --max-tokens: raise it and ask again",
+CUT = {"max_tokens": "by --max-tokens: raise it and ask again",
        "context": "by the end of the context: raise --ctx-size", "stop": "by a --stop string"}
 
 

@@ -47,10 +47,21 @@ class GenerationResult:
     prefill_tokens_per_s: float
     decode_tokens_per_s: float  # tokens after the first, per second of decoding
     peak_memory_bytes: int
-    stop_reason: str  # "eos", "stop" (a stop string), "length" (max_tokens) or "context" (full)
+    finish_reason: str  # as the API's (sequence.py): "stop" or "length"
     decode_s: float = 0.0
     cached_tokens: int = 0  # prompt tokens a Session's cache already held: not prefilled again
     logprobs: list[TokenLogprob] | None = None  # with logprobs=True: one per generated token
+    stop: str | None = None  # the stop string that ended it; None where the model ended it
+    context_full: bool = False  # "length" where the context ran out, not max_tokens
+
+    @property
+    def cut_by(self) -> str | None:
+        """What cut the reply short of the model's own end: "max_tokens", "context", "stop" (a
+        stop string), or None where the model ended it (its end-of-sequence token, or the end
+        of its grammar)."""
+        if self.finish_reason == "length":
+            return "context" if self.context_full else "max_tokens"
+        return "stop" if self.stop is not None else None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -212,7 +223,7 @@ class Engine:
         """Generate a reply as an iterator of text pieces; `.result` holds the stats afterwards.
 
         `max_tokens` None: up to DEFAULT_MAX_TOKENS, or fewer where the context ends first
-        (the reply then stops at the context, stop_reason "context", as llama.cpp does).
+        (the reply then stops at the context, context_full, as llama.cpp does).
         Sampling: temperature, top_k, top_p, min_p, repeat_penalty, seed; one left out (or None)
         takes the model's default (engine.sampling: its generation config, else llama.cpp's).
         `stop` strings end the reply (the match is cut off); `presence_penalty`,
@@ -375,7 +386,7 @@ class Engine:
     def _generate(self, seq: Sequence, slots: Slots | int, to_context: bool = False):
         """`slots` a Session's, or the positions a single generation needs (its slot is
         claimed here, as the stream starts); `to_context`: max_tokens is what the context had
-        room for (stop_reason "context")."""
+        room for (context_full)."""
         ops = self.ops
         if isinstance(slots, int):
             slots = self._claim_slots(slots)
@@ -405,8 +416,6 @@ class Engine:
         ttft = t_first - t0
         decode_s = t_end - t_first - waited
         decoded = len(seq.sampled) - 1
-        stop_reason = ("context" if to_context else "length") if seq.finish_reason == "length" else \
-            "eos" if seq.hit_eos else "stop"
         return GenerationResult(
             text="".join(pieces),
             token_ids=list(seq.generated),
@@ -416,10 +425,12 @@ class Engine:
             prefill_tokens_per_s=(len(seq.prompt) - seq.cached) / ttft if ttft > 0 else float("inf"),
             decode_tokens_per_s=decoded / decode_s if decode_s > 0 and decoded > 0 else 0.0,
             peak_memory_bytes=ops.peak_memory_bytes(),
-            stop_reason=stop_reason,
+            finish_reason=seq.finish_reason,
+            stop=seq.reply.stop_string,
             decode_s=decode_s,
             cached_tokens=seq.cached,
             logprobs=lps if seq.options.logprobs else None,
+            context_full=to_context and seq.finish_reason == "length",
         )
 
 

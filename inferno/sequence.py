@@ -78,41 +78,149 @@ class Event:
     cached_tokens: int = 0  # on the final event: prompt tokens whose K/V came from the cache
 
 
+class Sampler:
+    """How a sequence picks its next token: its settings, its own random generator (seeded per
+    choice, so n choices differ), the counts its penalties read, and its place in its grammar."""
+
+    def __init__(self, options: Options, index: int):
+        self.options = options
+        seed = options.sampling.seed
+        self.rng = np.random.default_rng(None if seed is None else seed + index)
+        # Where the constrained output is in its grammar (constrain.Matcher), or None.
+        self.matcher = options.grammar.matcher() if options.grammar is not None else None
+        self.counts: dict[int, int] = {}  # generated token -> count, for the penalties
+        self._draw: float | None = None  # the next token's uniform draw, once taken (draw())
+
+    def choose(self, logits: np.ndarray, mask: np.ndarray | None, history) -> tuple[int, TokenLogprob | None]:
+        """The next token from this step's logits row, with its log-probability when asked;
+        `history` (the prompt and the tokens so far) for a repeat penalty."""
+        opts = self.options
+        row = self._adjusted(logits)
+        if mask is not None:
+            row = apply_mask(row, mask)
+        history = history() if opts.sampling.repeat_penalty != 1.0 else None
+        rng = self.rng if self._draw is None else _Drawn(self._draw)
+        token = sample(row, opts.sampling, rng, history)
+        return token, token_logprob(logits, token, opts.top_logprobs) if opts.logprobs else None
+
+    def draw(self) -> float:
+        """The uniform number the next token's draw takes from this generator, as sample()
+        would (none when greedy): for a sampler elsewhere, the device's. Taken once per token:
+        if that sampler fails, the host's sample takes the same number."""
+        if self._draw is None:
+            self._draw = self.rng.random() if self.options.sampling.temperature > 0 else 0.0
+        return self._draw
+
+    def took(self, token: int, text: bool) -> None:
+        """`token` was taken (by this sampler or a device's); `text`: it is not an EOS."""
+        self._draw = None
+        if self.matcher is not None:
+            self.matcher.consume(token)
+        if text:
+            self.counts[token] = self.counts.get(token, 0) + 1
+
+    def _adjusted(self, logits: np.ndarray) -> np.ndarray:
+        opts = self.options
+        if not (opts.logit_bias or (self.counts and (opts.presence_penalty or opts.frequency_penalty))):
+            return logits
+        row = np.array(logits, dtype=np.float32)
+        for token, bias in opts.logit_bias:
+            row[token] += bias
+        if self.counts:
+            ids = np.fromiter(self.counts, dtype=np.int64)
+            counts = np.fromiter(self.counts.values(), dtype=np.float32)
+            row[ids] -= opts.frequency_penalty * counts + opts.presence_penalty
+        return row
+
+
+class Reply:
+    """The text a sequence streams: tokens decoded into whole characters, cut at a stop string
+    (what may begin one held back), and with tools, cut where a call repeats (tools.CallGuard).
+    `add` takes a token's text and says what there is to send."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...], tool_format: str | None):
+        self.tokenizer, self.stops = tokenizer, stops
+        self.guard = CallGuard(tool_format) if tool_format else None
+        self._decoder = tokenizer.stream()
+        self._decoded = ""  # the stream decoder's text so far
+        self.text = ""  # the reply: decoded text, cut at a stop string
+        self.sent = 0  # characters of `text` already sent
+        self.stop_string: str | None = None  # the stop string that ended it
+
+    def decode(self, token: int) -> str:
+        piece = self._decoder.step(token)
+        self._decoded += piece
+        return piece
+
+    def add(self, piece: str, final: str | None, tokens: list[int]) -> tuple[str, str | None] | None:
+        """The new `piece` of text (`tokens`: every text token so far, for the end's whole
+        decode); `final`: the sequence ends here ("stop" or "length"). Returns (text to send,
+        finish) when there is something to say: a stop string or a repeated call can end it."""
+        if final:
+            # What a whole decode has beyond the stream's text, as Engine.stream does; a
+            # character the end cut in half is dropped.
+            piece += self.tokenizer.decode(tokens)[len(self._decoded):].rstrip("\ufffd")
+        self.text += piece
+        hold = 0
+        if self.stops and piece:
+            # A stop string can only start in unsent text: what might begin one is held back.
+            hits = [(i, s) for i, s in ((self.text.find(s, self.sent), s) for s in self.stops) if i >= 0]
+            if hits:
+                at, self.stop_string = min(hits)
+                self.text, final = self.text[:at], "stop"
+            elif not final:
+                hold = held_back(self.text, self.stops)
+        if self.guard is not None and piece and final != "stop":
+            # A repeated tool call ends the reply where it starts (tools.CallGuard), and what
+            # may yet turn out to be one is held back until it is known not to be.
+            self.guard.feed(piece)
+            cut = self.guard.cut()
+            if cut is not None:
+                self.text, final = self.text[:max(cut, self.sent)], "stop"
+            elif not final:
+                hold = max(hold, len(self.text) - self.guard.hold())
+        end = len(self.text) if final else len(self.text) - hold
+        if end <= self.sent and not final:
+            return None
+        out, self.sent = self.text[self.sent:end], max(self.sent, end)
+        return out, final
+
+
 class Sequence:
-    """`owner` is whoever waits for the events (the server's request handle); `index` the
-    choice number within it, which also offsets the seed so that n choices differ."""
+    """One generation: its prompt and place in the KV cache, the tokens it has sampled, its
+    Sampler and its Reply. `owner` is whoever waits for the events (the server's request
+    handle); `index` the choice number within it, which also offsets the seed so that n choices
+    differ.
+
+    Finish reasons, one vocabulary for the loop, the API and GenerationResult (OpenAI's, and two
+    of the loop's own): "stop" (an end-of-sequence token, the grammar's end, a stop string or a
+    repeated tool call), "length" (max_tokens), "cancelled", "error"."""
 
     def __init__(self, prompt: list[int], options: Options, tokenizer, eos: frozenset[int], *,
                  index: int = 0, owner=None, arrival: float = 0.0):
         self.owner, self.index, self.prompt, self.options = owner, index, prompt, options
-        seed = options.sampling.seed
-        self.rng = np.random.default_rng(None if seed is None else seed + index)
-        self.tokenizer, self.eos = tokenizer, eos
+        self.eos = eos
+        self.sampler = Sampler(options, index)
+        self.reply = Reply(tokenizer, options.stop, options.tool_format)
         self.slot: int | None = None
         self.pos = 0  # tokens the slot holds: the prompt's first `pos`, then the generated ones
         self.cached = 0  # prompt tokens whose K/V came from the cache rather than a prefill
         self.cancelled = False  # set from any thread; the scheduler retires it at its next step
         self.shared: dict[Sequence, int] = {}  # the scheduler's: prompt tokens shared with others
-        # Where the constrained output is in its grammar (constrain.Matcher), or None.
-        self.matcher = options.grammar.matcher() if options.grammar is not None else None
-        self.guard = CallGuard(options.tool_format) if options.tool_format else None
         self.sampled: list[int] = []  # every sampled token, the EOS included
         self.generated: list[int] = []  # the ones that are text
-        self._decoder = tokenizer.stream()
-        self._decoded = ""  # the stream decoder's text so far
-        self.text = ""  # the reply: decoded text, cut at a stop string
-        self._sent = 0  # characters of `text` already in an event
         self._ids: list[int] = []  # tokens not yet in an event
         self._lps: list[TokenLogprob] = []
-        self._counts: dict[int, int] = {}  # generated token -> count, for the penalties
         self.finish_reason: str | None = None
-        self.hit_eos = False  # finished by an end-of-sequence token (not a stop string)
         self.arrival = arrival
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         # (device runner, tokens its sampling state covers) once it has decoded there
         self.device: tuple[object, int] | None = None
-        self._draw: float | None = None  # the next token's uniform draw, once taken (draw())
+
+    @property
+    def matcher(self):
+        return self.sampler.matcher
 
     @property
     def prefilling(self) -> bool:
@@ -135,22 +243,10 @@ class Sequence:
 
     def choose(self, logits: np.ndarray, mask: np.ndarray | None = None) -> tuple[int, TokenLogprob | None]:
         """The next token from this step's logits row, with its log-probability when asked."""
-        opts = self.options
-        row = self._adjusted(logits)
-        if mask is not None:
-            row = apply_mask(row, mask)
-        history = self.prompt + self.sampled if opts.sampling.repeat_penalty != 1.0 else None
-        rng = self.rng if self._draw is None else _Drawn(self._draw)
-        token = sample(row, opts.sampling, rng, history)
-        return token, token_logprob(logits, token, opts.top_logprobs) if opts.logprobs else None
+        return self.sampler.choose(logits, mask, lambda: self.prompt + self.sampled)
 
     def draw(self) -> float:
-        """The uniform number the next token's draw takes from this sequence's generator, as
-        sample() would (none when greedy): for a sampler elsewhere, the device's. Taken once
-        per token: if that sampler fails, the host's sample takes the same number."""
-        if self._draw is None:
-            self._draw = self.rng.random() if self.options.sampling.temperature > 0 else 0.0
-        return self._draw
+        return self.sampler.draw()
 
     def logprob_from(self, logprobs, row: int, token: int) -> TokenLogprob | None:
         """This sequence's TokenLogprob from a device runner's (chosen, values, ids) arrays."""
@@ -164,80 +260,36 @@ class Sequence:
     def take(self, token: int, logprob: TokenLogprob | None = None) -> Event | None:
         """Add the next token, sampled here (choose) or on a device from this sequence's
         settings and draws, and say what there is to say."""
-        opts = self.options
-        self._draw = None
+        end = token in self.eos
+        self.sampler.took(token, not end)
         self.sampled.append(token)
         self._ids.append(token)
-        if self.matcher is not None:
-            self.matcher.consume(token)
-        if opts.logprobs:
+        if self.options.logprobs:
             self._lps.append(logprob)
-        if token in self.eos:
-            self.hit_eos = True
-            return self._text("", final="stop")
+        if end:
+            return self._say("", "stop")
         self.generated.append(token)
-        self._counts[token] = self._counts.get(token, 0) + 1
-        piece = self._decoder.step(token)
-        self._decoded += piece
+        piece = self.reply.decode(token)
         if self.matcher is not None and self.matcher.is_stopped():  # complete: only EOS could follow
-            self.hit_eos = True
-            return self._text(piece, final="stop")
-        if len(self.sampled) >= opts.max_tokens:
-            return self._text(piece, final="length")
-        return self._text(piece)
+            return self._say(piece, "stop")
+        if len(self.sampled) >= self.options.max_tokens:
+            return self._say(piece, "length")
+        return self._say(piece, None)
 
     def finish(self, reason: str, error: str | None = None) -> Event:
         """The final event of a sequence stopped from outside: cancelled or failed."""
         self.finish_reason = reason
         return self._event("", reason, error)
 
-    # -- internals ------------------------------------------------------------------------------
-    def _adjusted(self, logits: np.ndarray) -> np.ndarray:
-        opts = self.options
-        if not (opts.logit_bias or (self._counts and (opts.presence_penalty or opts.frequency_penalty))):
-            return logits
-        row = np.array(logits, dtype=np.float32)
-        for token, bias in opts.logit_bias:
-            row[token] += bias
-        if self._counts:
-            ids = np.fromiter(self._counts, dtype=np.int64)
-            counts = np.fromiter(self._counts.values(), dtype=np.float32)
-            row[ids] -= opts.frequency_penalty * counts + opts.presence_penalty
-        return row
-
-    def _text(self, piece: str, final: str | None = None) -> Event | None:
-        if final:
-            # What a whole decode has beyond the stream's text, as Engine.stream does; a
-            # character the end cut in half is dropped.
-            piece += self.tokenizer.decode(self.generated)[len(self._decoded):].rstrip("\ufffd")
-        self.text += piece
-        hold = 0
-        if self.options.stop and piece:
-            # A stop string can only start in unsent text: what might begin one is held back.
-            hits = [i for i in (self.text.find(s, self._sent) for s in self.options.stop) if i >= 0]
-            if hits:
-                self.text, final = self.text[:min(hits)], "stop"
-            elif not final:
-                hold = held_back(self.text, self.options.stop)
-        if self.guard is not None and piece and final != "stop":
-            # A repeated tool call ends the reply where it starts (tools.CallGuard), and what
-            # may yet turn out to be one is held back until it is known not to be.
-            self.guard.feed(piece)
-            cut = self.guard.cut()
-            if cut is not None:
-                self.text, final = self.text[:max(cut, self._sent)], "stop"
-            elif not final:
-                hold = max(hold, len(self.text) - self.guard.hold())
-        if final:
-            self.finish_reason = final
-            return self._event(self.text[self._sent:], final)
-        end = len(self.text) - hold
-        if end <= self._sent:
+    def _say(self, piece: str, final: str | None) -> Event | None:
+        said = self.reply.add(piece, final, self.generated)
+        if said is None:
             return None
-        return self._event(self.text[self._sent:end], None)
+        text, final = said
+        self.finish_reason = final
+        return self._event(text, final)
 
     def _event(self, text: str, finish: str | None, error: str | None = None) -> Event:
-        self._sent += len(text)
         ev = Event(self.index, text, self._ids, self._lps if self.options.logprobs else None, finish, error)
         self._ids, self._lps = [], []
         if finish:

@@ -44,7 +44,7 @@ def test_session_reuse_equals_fresh_generation(arch, request):
         # Turn one has nothing cached; later turns reuse the history and prefill the rest.
         assert (got.cached_tokens > 0) == (len(messages) > 1) and got.cached_tokens < got.prompt_tokens
         assert session.cache.length == len(session.ids) == got.prompt_tokens + len(got.token_ids) - (
-            got.stop_reason == "length")
+            got.finish_reason == "length")
         messages.append({"role": "assistant", "content": got.text})
 
     # An edited history shares only a prefix: the cache is cut back to it, not trusted whole.

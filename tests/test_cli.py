@@ -30,7 +30,7 @@ def test_generate_streams_text_and_prints_stats(qwen3_dir):
     assert any(re.fullmatch(r"load: [\d.]+ s \(.+, pool backend\)", ln) for ln in lines), p.stderr
     assert any(re.fullmatch(r"prefill: \d+ prompt tokens, time to first token [\d.]+ ms, [\d.]+ tokens/s", ln)
                for ln in lines), p.stderr
-    cut = r" \(stopped at --max-tokens\)" if want.stop_reason == "length" else ""
+    cut = r" \(stopped at --max-tokens\)" if want.finish_reason == "length" else ""
     assert any(re.fullmatch(rf"decode: {want.generated_tokens} tokens, [\d.]+ tokens/s{cut}", ln)
                for ln in lines), p.stderr
     assert any(re.fullmatch(r"memory: peak \d+ MiB", ln) for ln in lines)
@@ -157,7 +157,7 @@ def test_default_max_tokens_stops_at_a_small_context_and_blank_prompts_are_error
     p = cli("generate", "-m", qwen3_dir, "-p", "hi", "-c", 40, "-t", 0, "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
-    assert out["prompt_tokens"] + out["generated_tokens"] <= 40 and out["stop_reason"] in ("context", "eos")
+    assert out["prompt_tokens"] + out["generated_tokens"] <= 40 and (out["context_full"] or out["finish_reason"] == "stop")
     assert out["model"] == str(qwen3_dir) and out["backend"] == "pool" and out["weight_type"] == "F32"
     assert out["sampling"]["temperature"] == 0 and "top_k" in out["sampling"] and out["cache_type"] == "f16"
     p = cli("generate", "-m", qwen3_dir, "-p", "hi", "-c", 40, "-t", 0, "-n", 100)

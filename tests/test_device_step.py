@@ -158,7 +158,7 @@ def run_all(eng) -> list:
     for kw in GENERATIONS:
         r = eng.generate("hello there", max_tokens=24, **kw)
         lps = [(lp.token_id, lp.logprob, lp.top) for lp in r.logprobs or ()]
-        out.append((r.token_ids, r.stop_reason, lps))
+        out.append((r.token_ids, r.finish_reason, lps))
     return out
 
 

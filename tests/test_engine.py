@@ -32,7 +32,7 @@ def test_a_character_cut_by_the_token_limit_is_not_printed(engine, monkeypatch):
         assert "".join(pieces) == stream.result.text
         assert "\ufffd" not in stream.result.text
         assert whole.startswith(stream.result.text)
-        assert stream.result.token_ids == ids[:n] and stream.result.stop_reason == "length"
+        assert stream.result.token_ids == ids[:n] and stream.result.finish_reason == "length"
     assert stream.result.text == whole
 
 
@@ -41,7 +41,7 @@ def test_eos_stops_and_is_not_part_of_the_text(engine, monkeypatch):
     ids = engine.tokenizer.encode("Paris", add_special_tokens=False)
     forced(monkeypatch, ids + [eos, 5, 6])
     result = engine.generate("hi", max_tokens=20)
-    assert result.stop_reason == "eos"
+    assert result.finish_reason == "stop" and result.cut_by is None
     assert result.token_ids == ids and result.text == "Paris"
     assert result.generated_tokens == len(ids)
 
@@ -139,7 +139,7 @@ def test_stop_strings_cut_the_reply(engine, monkeypatch):
     ids = engine.tokenizer.encode("Paris is big. Rome", add_special_tokens=False)
     forced(monkeypatch, ids + [5] * 20)
     result = engine.generate("hi", max_tokens=20, stop=[" is", "xyz"])
-    assert result.text == "Paris" and result.stop_reason == "stop"
+    assert result.text == "Paris" and result.finish_reason == "stop" and result.stop == " is"
     forced(monkeypatch, ids + [5] * 20)
     assert engine.generate("hi", max_tokens=20, stop=". R").text == "Paris is big"
     with pytest.raises(inferno.InfernoError, match="stop takes non-empty strings"):

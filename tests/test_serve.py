@@ -101,7 +101,7 @@ def test_chat_matches_the_engine_and_counts_usage(client, engine):
     want = engine.generate(MESSAGES, max_tokens=12, temperature=0, top_k=0, top_p=1, min_p=0)
     (choice,) = r.choices
     assert choice.message.role == "assistant" and choice.message.content == want.text
-    assert choice.finish_reason == {"eos": "stop", "length": "length"}[want.stop_reason]
+    assert choice.finish_reason == want.finish_reason
     assert r.usage.prompt_tokens == len(engine.encode_prompt(MESSAGES)) == want.prompt_tokens
     assert r.usage.completion_tokens == want.generated_tokens
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
