@@ -177,6 +177,7 @@ class Scheduler:
         self.prompt_computed = 0  # prompt tokens prefilled
         self.prompt_cached = 0  # prompt tokens whose rows came from a slot's cache
         self.generated = 0
+        self.shared: dict[tuple[Sequence, Sequence], int] = {}  # _shared's, by pair
 
     @property
     def busy(self) -> bool:
@@ -194,9 +195,7 @@ class Scheduler:
         while self.waiting and self.slots.free():
             seq = self.waiting.popleft()
             self.left_waiting += 1
-            seq.slot, seq.pos = self.slots.take(seq.prompt, len(seq.prompt) + seq.options.max_tokens)
-            self._reused(seq, seq.pos)
-            self.running.append(seq)
+            self._admit(seq)
 
         batch = self._plan()
         if not batch:
@@ -239,14 +238,7 @@ class Scheduler:
         ahead: list[Sequence] = []  # prefilling sequences already given a chunk this step
         for seq in self.running:  # then prompt chunks, oldest first, within the budget
             if seq.prefilling and budget > 0:
-                # Rows another sequence wrote since this one was admitted (a shared system
-                # prompt, prefilled by the client ahead of it) are copied, not recomputed; and
-                # while one ahead is still writing them, this one waits for them.
-                got = self.slots.borrow(seq.slot, seq.prompt)
-                if got > seq.pos:
-                    self._reused(seq, got - seq.pos)
-                    seq.pos = got
-                if any(o.pos < self._shared(o, seq) and self._shared(o, seq) > seq.pos for o in ahead):
+                if not self._catch_up(seq, ahead):
                     continue
                 ahead.append(seq)
                 ids = seq.next_ids(int(min(budget, len(seq.prompt) - seq.pos)))
@@ -255,12 +247,32 @@ class Scheduler:
                 batch.append((seq, Segment(ids, seq.slot, seq.pos, logits=last)))
         return batch
 
-    @staticmethod
-    def _shared(a: Sequence, b: Sequence) -> int:
-        """Prompt tokens two sequences share (prompts do not change: computed once a pair)."""
-        if b not in a.shared:
-            a.shared[b] = min(common_prefix(a.prompt, b.prompt), len(b.prompt) - 1)
-        return a.shared[b]
+    # -- prefix reuse: every decision of the loop's is here (Slots keeps the rows) -----------
+    def _admit(self, seq: Sequence) -> None:
+        """A slot for a waiting sequence, holding as long a prefix of its prompt as any slot
+        can give (Slots.take): those rows are not prefilled."""
+        seq.slot, seq.pos = self.slots.take(seq.prompt, len(seq.prompt) + seq.options.max_tokens)
+        self._reused(seq, seq.pos)
+        self.running.append(seq)
+
+    def _catch_up(self, seq: Sequence, ahead: list[Sequence]) -> bool:
+        """Before a prefilling sequence's next chunk: rows another sequence wrote since it was
+        admitted (a shared system prompt, prefilled by the client ahead of it) are copied, not
+        recomputed; and while one `ahead` of it this step is still writing rows they share,
+        it waits for them (False)."""
+        got = self.slots.borrow(seq.slot, seq.prompt)
+        if got > seq.pos:
+            self._reused(seq, got - seq.pos)
+            seq.pos = got
+        return not any(o.pos < self._shared(o, seq) and self._shared(o, seq) > seq.pos for o in ahead)
+
+    def _shared(self, a: Sequence, b: Sequence) -> int:
+        """Prompt tokens two sequences share (prompts do not change: computed once a pair,
+        forgotten when either retires)."""
+        key = (a, b)
+        if key not in self.shared:
+            self.shared[key] = min(common_prefix(a.prompt, b.prompt), len(b.prompt) - 1)
+        return self.shared[key]
 
     def _reused(self, seq: Sequence, n: int) -> None:
         seq.cached += n
@@ -369,6 +381,8 @@ class Scheduler:
             if seq.finished:
                 self.slots.release(seq.slot)
         self.running = [s for s in self.running if not s.finished]
+        if self.shared:
+            self.shared = {k: v for k, v in self.shared.items() if not (k[0].finished or k[1].finished)}
         if any(s.finished for s in self.waiting):
             self.left_waiting += sum(s.finished for s in self.waiting)
             self.waiting = deque(s for s in self.waiting if not s.finished)

@@ -206,7 +206,6 @@ class Sequence:
         self.pos = 0  # tokens the slot holds: the prompt's first `pos`, then the generated ones
         self.cached = 0  # prompt tokens whose K/V came from the cache rather than a prefill
         self.cancelled = False  # set from any thread; the scheduler retires it at its next step
-        self.shared: dict[Sequence, int] = {}  # the scheduler's: prompt tokens shared with others
         self.sampled: list[int] = []  # every sampled token, the EOS included
         self.generated: list[int] = []  # the ones that are text
         self._ids: list[int] = []  # tokens not yet in an event
