@@ -11,6 +11,7 @@ import torch
 
 import inferno
 from inferno.backends import OPS, create_backend
+from inferno.backends.base import MATERIALIZED_PARTS
 from inferno.backends.torch import torch_backend as tb
 from inferno.backends.base import Backend
 from inferno.errors import InfernoError
@@ -51,7 +52,7 @@ def test_every_op_is_torch():
     """No op falls through to the numpy default (which would silently copy to the host or
     fail on a device tensor); materialized_attention and linear_many are generic compositions
     of ops."""
-    inherited = [op for op in OPS + ("from_numpy", "weight", "to_numpy", "zeros", "synchronize",
+    inherited = [op for op in OPS + MATERIALIZED_PARTS + ("from_numpy", "weight", "to_numpy", "zeros", "synchronize",
                                      "kv_buffer")
                  if getattr(tb.TorchBackend, op) is getattr(Backend, op)]
     assert inherited == ["linear_many", "materialized_attention"]

@@ -29,14 +29,18 @@ TILE = 64
 # Weights per dequantised tile in the reference's quantized linear (16 MiB of float32).
 QUANT_TILE = 1 << 22
 
-# Every operation the model may call; the tracing backend times exactly these.
+# Every operation the model calls: the contract; the tracing backend times exactly these.
 OPS = (
-    "embedding", "linear", "linear_many", "matmul", "rms_norm", "rope_tables", "apply_rope",
-    "silu_mul", "gelu_mul", "add", "softmax_rows", "scale", "transpose_2d",
-    "fill_strict_upper_tri", "copy_2d_from_cols", "copy_2d_into_cols", "rows", "take_rows", "write_rows",
+    "embedding", "linear", "linear_many", "rms_norm", "rope_tables", "apply_rope",
+    "silu_mul", "gelu_mul", "add", "scale", "rows", "take_rows", "write_rows",
     "write_kv", "write_kv_rows", "read_kv", "copy_kv", "flash_attention_prefill", "materialized_attention",
     "decode_attention", "moe",
 )
+# What the materialized reference (`materialized_attention`, the seed's textbook path and the
+# one flash is compared with) is built of. The model never calls them: they are not the
+# contract, but a backend may make them fast for its `--flash off` (pool and torch do).
+MATERIALIZED_PARTS = ("matmul", "softmax_rows", "transpose_2d", "fill_strict_upper_tri",
+                      "copy_2d_from_cols", "copy_2d_into_cols")
 
 # KV cache element types (`--cache-type`): what one layer's K or V buffer stores.
 CACHE_TYPES = tuple(cache_types.DTYPES)  # ("f32", "f16", "bf16", "q8_0")
@@ -205,10 +209,6 @@ class Backend:
         a backend may run as one launch."""
         return [self.linear(x, w) for w in ws]
 
-    def matmul(self, a, b):
-        """a [m, k] @ b [k, n] -> [m, n]."""
-        return a @ b
-
     def rms_norm(self, x, w, eps: float):
         """RMSNorm over each group of len(w) features: the whole row for a layer norm, each
         head for Qwen3's q_norm/k_norm (x [rows, n * len(w)])."""
@@ -251,30 +251,8 @@ class Backend:
         """a + b; b may be a [features] vector added to every row (a bias)."""
         return a + b
 
-    def softmax_rows(self, x):
-        e = np.exp(x - x.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
-
     def scale(self, x, s: float):
         return x * np.float32(s)
-
-    def transpose_2d(self, x):
-        return np.ascontiguousarray(x.T)
-
-    def fill_strict_upper_tri(self, x, value: float, offset: int = 0):
-        """Copy of x with every element above diagonal `offset` (col > row + offset) set."""
-        rows, cols = x.shape
-        above = np.arange(cols)[None, :] > np.arange(rows)[:, None] + offset
-        return np.where(above, np.float32(value), x)
-
-    def copy_2d_from_cols(self, x, width: int, col: int):
-        """Contiguous copy of columns col..col+width."""
-        return np.ascontiguousarray(x[:, col:col + width])
-
-    def copy_2d_into_cols(self, dst, src, col: int):
-        """Write src into dst's columns col..col+src.cols, in place; returns dst."""
-        dst[:, col:col + src.shape[1]] = src
-        return dst
 
     def rows(self, x, start: int, stop: int):
         """Rows start..stop of x (a view where the backend can)."""
@@ -371,6 +349,33 @@ class Backend:
             out[b:b + 1] = online_softmax_attention(q[b:b + 1], k, v, n_heads, n_kv_heads,
                                                     head_dim, True, scale=scale)
         return out
+
+    # -- the materialized reference's parts (MATERIALIZED_PARTS) -----------------------------
+    def matmul(self, a, b):
+        """a [m, k] @ b [k, n] -> [m, n]."""
+        return a @ b
+
+    def softmax_rows(self, x):
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def transpose_2d(self, x):
+        return np.ascontiguousarray(x.T)
+
+    def fill_strict_upper_tri(self, x, value: float, offset: int = 0):
+        """Copy of x with every element above diagonal `offset` (col > row + offset) set."""
+        rows, cols = x.shape
+        above = np.arange(cols)[None, :] > np.arange(rows)[:, None] + offset
+        return np.where(above, np.float32(value), x)
+
+    def copy_2d_from_cols(self, x, width: int, col: int):
+        """Contiguous copy of columns col..col+width."""
+        return np.ascontiguousarray(x[:, col:col + width])
+
+    def copy_2d_into_cols(self, dst, src, col: int):
+        """Write src into dst's columns col..col+src.cols, in place; returns dst."""
+        dst[:, col:col + src.shape[1]] = src
+        return dst
 
     def materialized_attention(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
                                causal: bool, window: int = 0, scale: float | None = None):

@@ -1,4 +1,5 @@
-"""copy_2d_from_cols: columns col..col+width of x as a tensor of their own (attention takes a
+"""copy_2d_from_cols, a part of the materialized reference (base.MATERIALIZED_PARTS, not the
+model's contract): columns col..col+width of x as a tensor of their own (attention takes a
 head's q, k and v with it): exact, and a copy, so writing x afterwards leaves it as it was."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""softmax_rows: each row's softmax, against float64, at rows on both sides of the 64-row tile
+"""softmax_rows, a part of the materialized reference (base.MATERIALIZED_PARTS, not the
+model's contract): each row's softmax, against float64, at rows on both sides of the 64-row tile
 edge, with masked (-inf) scores as causal attention has them: those come out exactly 0."""
 
 from __future__ import annotations

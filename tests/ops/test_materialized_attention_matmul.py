@@ -1,4 +1,5 @@
-"""matmul: a [m, k] @ b [k, n] (attention's q k^T and p v), against the float64 product, at m on
+"""matmul, a part of the materialized reference (base.MATERIALIZED_PARTS, not the
+model's contract): a [m, k] @ b [k, n] (attention's q k^T and p v), against the float64 product, at m on
 both sides of the 64-row tile edge and an n (70) that is not a multiple of a vector."""
 
 from __future__ import annotations

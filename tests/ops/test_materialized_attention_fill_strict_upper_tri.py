@@ -1,4 +1,5 @@
-"""fill_strict_upper_tri: a copy of x with every element above diagonal `offset` (col > row +
+"""fill_strict_upper_tri, a part of the materialized reference (base.MATERIALIZED_PARTS, not the
+model's contract): a copy of x with every element above diagonal `offset` (col > row +
 offset) set to a value, exact; offsets above, on and below the main diagonal (causal attention's
 chunk after a cache has a positive one), rows on both sides of the 64-row tile edge."""
 

@@ -1,4 +1,5 @@
-"""transpose_2d: x.T as a contiguous tensor, exact, for a row, a column and a non-square block
+"""transpose_2d, a part of the materialized reference (base.MATERIALIZED_PARTS, not the
+model's contract): x.T as a contiguous tensor, exact, for a row, a column and a non-square block
 that is not a multiple of a tile either way."""
 
 from __future__ import annotations

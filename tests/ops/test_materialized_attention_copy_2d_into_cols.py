@@ -1,4 +1,5 @@
-"""copy_2d_into_cols: src written into dst's columns col..col+src.cols, in place, exact; dst is
+"""copy_2d_into_cols, a part of the materialized reference (base.MATERIALIZED_PARTS, not the
+model's contract): src written into dst's columns col..col+src.cols, in place, exact; dst is
 returned and its other columns are untouched (attention assembles its heads' outputs so)."""
 
 from __future__ import annotations
