@@ -4,11 +4,12 @@ and up, [n_expert * hidden, inter] down), a router [n_expert, hidden].
 Pinned to the textbook, token by token in float64: softmax over every expert's logit, the top_k
 largest, renormalised over them when asked, and the sum of each chosen expert's
 down(silu(gate x) * up x) times its weight. Float32 and 16-bit experts agree within float32
-rounding; K-quant experts with int8 activations (simd, pool) are pinned instead to the
-reference's own loop over experts run through the same backend's linear (which test_linear pins
-to the dequantised product): the fast path must be those same kernels, row for row, so the two
-agree to rounding, and a row's output does not depend on the rows beside it (decode, a few
-rows, qgemm's panels at 32 rows and more a group).
+rounding; K-quant experts with int8 activations and legacy-kind experts with int16 ones (simd,
+pool) are pinned instead to the reference's own loop over experts run through the same
+backend's linear (which test_linear pins to the dequantised product): the fast path must be
+those same kernels, row for row, so the two agree to rounding, and a row's output does not
+depend on the rows beside it (decode, a few rows, qgemm's panels at 32 rows and more a group;
+for the legacy kinds, l_rows and lgemm, bit for bit).
 """
 
 from __future__ import annotations
@@ -76,12 +77,14 @@ def test_moe_matches_the_textbook(backend, rows, n, top_k, norm_topk):
 @pytest.mark.parametrize("rows", [1, 5, 70])
 def test_moe_on_quantized_experts(backend, name, rows):
     """Float32 activations within rounding of the textbook; int8 ones (simd, pool's K-quants)
-    the reference's loop over experts through this backend's own linear, to rounding."""
+    and int16 ones (their legacy kinds) the reference's loop over experts through this
+    backend's own linear, to rounding."""
     n, hidden, inter = 4, 256, 512
     router, ws = rand(n, hidden, seed=3), experts(n, hidden, inter, seed=11, name=name)
     x = rand(rows, hidden, seed=rows, scale=0.01)  # random blocks' weights run to tens
     got = moe(backend, x, router, ws, 2, True)
-    if getattr(backend, "int8_activations", False) and name in ("Q4_K", "Q5_K", "Q6_K"):
+    if (getattr(backend, "int8_activations", False) and name in ("Q4_K", "Q5_K", "Q6_K")
+            or getattr(backend, "_legacy", False) and name in ("Q8_0", "Q4_0")):
         want = host(backend, Backend.moe(backend, backend.from_numpy(x), router,
                                          [backend.weight(w) for w in ws], 2, True))
         assert_close(got, want, tol=1e-5)
@@ -91,12 +94,16 @@ def test_moe_on_quantized_experts(backend, name, rows):
 
 
 @pytest.mark.backends(*NUMBA)
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q4_1"])
 def test_a_rows_output_does_not_depend_on_its_batch(backend, name):
     """Each row alone (decode), and among 80 (two experts: 80 rows a group; gate and up, rows
-    of 1024, on qgemm's panels, down on k_few)."""
+    of 1024, on qgemm's panels, down on k_few). The legacy kinds, taken as int16, give the
+    same bits (l_rows alone, lgemm among many), as a dense linear of theirs does."""
     n, hidden, inter = 2, 1024, 256
     router, ws = rand(n, hidden, seed=5), experts(n, hidden, inter, seed=21, name=name)
+    exact = backend._legacy and name in ("Q8_0", "Q4_1")
+    if exact:  # a router of a legacy kind too: a float32 one's product is not batch-invariant
+        router = random_blocks("Q8_0", n, hidden, seed=5, extremes=False, readonly=True)
     x = rand(80, hidden, seed=9, scale=0.01)
     together = moe(backend, x, router, ws, 2, True)
     for i in (0, 37, 79):
@@ -104,6 +111,8 @@ def test_a_rows_output_does_not_depend_on_its_batch(backend, name):
         # float32 order only, but over sums that cancel (random blocks: terms of 1e4, results of
         # 1e2), so relative to the output's scale the bound is looser than elsewhere
         assert_close(alone[0], together[i], tol=1e-4)
+        if exact:
+            assert np.array_equal(alone[0], together[i])
 
 
 def test_moe_refuses_experts_that_do_not_fit_the_router(backend):

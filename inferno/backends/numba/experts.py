@@ -3,10 +3,12 @@
 A step's rows arrive grouped by expert (base.ExpertPlan): group g is rows starts[g]..starts[g+1]
 of x, and multiplies expert ids[g]'s rows of a stacked weight, rows ids[g] * n .. (ids[g] + 1) * n
 (one contiguous run of blocks, read where it lies in the mapped file). Each group goes through
-the kernels a dense linear of that many rows takes (qkernels.rows_kernel: decode rows, a few
-rows or qgemm's panels; sgemm on dequantised tiles for many rows of a kind without int8
-products), so a row's result is the one a dense linear would give it: the batch invariance of
-the dense path holds for experts too.
+the kernels a dense linear of that many rows takes (qkernels.linear_path's choice): a legacy
+kind, where the backend takes those as int16 (`legacy`), through ldot.l_rows up to LEGACY_FEW
+rows and lgemm's GEMM beyond; otherwise qkernels.rows_kernel (decode rows, a few rows or
+qgemm's panels), or sgemm on dequantised tiles for many rows of a kind without int8 products.
+So a row's result is the one a dense linear would give it: where the dense path is
+batch-invariant (the legacy kinds), so are the experts.
 
 The activations are quantized once for all the step's rows, then sliced per group (every
 quantity is per row). Jobs are (chunk of an expert's output rows, group), chunk-major: Numba
@@ -22,11 +24,12 @@ import functools
 import numba as nb
 import numpy as np
 
-from inferno.backends.numba import jitcache, qgemm
+from inferno.backends.numba import jitcache, ldot, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dense import FAST
-from inferno.backends.numba.qkernels import (FEW_MAX, activations, activations_par, chunk_start, int_dot,
-                                             prefill_rows, rows_kernel)
+from inferno.backends.numba.qkernels import (FEW_MAX, LEGACY_FEW, PASS_ROWS, activations, activations_par,
+                                             chunk_start, int_dot, legacy_gemm, legacy_rows, prefill_rows,
+                                             quantized_par, rows_kernel)
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 
@@ -110,13 +113,30 @@ def _rows_of(xq, a, b):
 
 
 @jit
-def _part(kind, w, x, xs, xq, out, c, chunks, tile):
-    """Chunk c of `chunks` of out = x @ w.T, w one expert's rows."""
-    rows = w.shape[0]
+def _no_int16():
+    """The int16 activations of a call that takes none (ldot.quantized's shape, no rows)."""
+    return np.empty((0, 0), np.int16), np.empty((0, 0), np.float32), np.empty((0, 0), np.float32)
+
+
+@jit
+def _part(kind, w, x, xs, xq, lx, out, c, chunks, tile):
+    """Chunk c of `chunks` of out = x @ w.T, w one expert's rows; `lx` x as int16 rows (no rows
+    where the legacy kinds take float32)."""
+    rows, B = w.shape[0], x.shape[0]
+    if ldot.legacy(kind) and lx[0].shape[0] > 0:
+        if B <= LEGACY_FEW:
+            r0, r1 = chunk_start(rows, c, chunks, 8), chunk_start(rows, c + 1, chunks, 8)
+            if r0 < r1:
+                legacy_rows(kind, w, lx[0], lx[1], lx[2], out, r0, r1)
+        else:
+            r0, r1 = chunk_start(rows, c, chunks, PASS_ROWS), chunk_start(rows, c + 1, chunks, PASS_ROWS)
+            if r0 < r1:
+                legacy_gemm(kind, w, lx[0], lx[1], lx[2], out, r0, r1)
+        return
     r0, r1 = chunk_start(rows, c, chunks, qgemm.ROWS), chunk_start(rows, c + 1, chunks, qgemm.ROWS)
     if r0 >= r1:
         return
-    if x.shape[0] > FEW_MAX and not (int_dot(kind) and xq[0].shape[0] > 0):
+    if B > FEW_MAX and not (int_dot(kind) and xq[0].shape[0] > 0):
         scratch = np.empty(tile * x.shape[1] + x.shape[0] * tile, np.float32)
         prefill_rows(kind, w, x, out, r0, r1, tile, scratch)
     else:
@@ -124,7 +144,7 @@ def _part(kind, w, x, xs, xq, out, c, chunks, tile):
 
 
 @jit
-def _job(k0, k1, w0, w1, x, xs, xq, out0, out1, starts, ids, job, chunks, tile):
+def _job(k0, k1, w0, w1, x, xs, xq, lx, out0, out1, starts, ids, job, chunks, tile):
     """Job (chunk, group): the chunk of group g's rows times its expert, in w0 and (when it has
     rows) w1."""
     groups = ids.shape[0]
@@ -132,53 +152,64 @@ def _job(k0, k1, w0, w1, x, xs, xq, out0, out1, starts, ids, job, chunks, tile):
     a, b = starts[g], starts[g + 1]
     n0, n1, e = out0.shape[1], out1.shape[1], ids[g]
     xg, xsg, xqg = x[a:b], xs[a:b], _rows_of(xq, a, b)
-    _part(k0, w0[e * n0:(e + 1) * n0], xg, xsg, xqg, out0[a:b], c, chunks, tile)
+    lxg = (lx[0][a:b], lx[1][a:b], lx[2][a:b])
+    _part(k0, w0[e * n0:(e + 1) * n0], xg, xsg, xqg, lxg, out0[a:b], c, chunks, tile)
     if n1 > 0:
-        _part(k1, w1[e * n1:(e + 1) * n1], xg, xsg, xqg, out1[a:b], c, chunks, tile)
+        _part(k1, w1[e * n1:(e + 1) * n1], xg, xsg, xqg, lxg, out1[a:b], c, chunks, tile)
 
 
 @jit
-def _inputs(k0, k1, x, mode):
+def _int16(k0, k1, legacy):
+    """Whether the call takes x as int16 rows: a legacy kind, where the backend says so."""
+    return legacy and (ldot.legacy(k0) or ldot.legacy(k1))
+
+
+@jit
+def _inputs(k0, k1, x, mode, legacy):
     xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
-    return xs, activations(x, xs, mode if int_dot(k0) or int_dot(k1) else 0)
+    xq = activations(x, xs, mode if int_dot(k0) or int_dot(k1) else 0)
+    return xs, xq, ldot.quantized(x) if _int16(k0, k1, legacy) else _no_int16()
 
 
 @jit
-def experts(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, mode):
+def experts(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, mode, legacy):
     """out0 = each group of x times its expert's rows of w0 [n_expert * n0, cols], and out1 of w1
-    (a weight of no rows, and out1 of no columns, for one matrix alone); on this thread."""
-    xs, xq = _inputs(k0, k1, x, mode)
+    (a weight of no rows, and out1 of no columns, for one matrix alone); on this thread.
+    `legacy`: the legacy kinds take x as int16 rows (the backend's int16_legacy)."""
+    xs, xq, lx = _inputs(k0, k1, x, mode, legacy)
     for job in range(ids.shape[0]):
-        _job(k0, k1, w0, w1, x, xs, xq, out0, out1, starts, ids, job, 1, tile)
+        _job(k0, k1, w0, w1, x, xs, xq, lx, out0, out1, starts, ids, job, 1, tile)
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
-def experts_par(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, chunks, mode):
+def experts_par(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, chunks, mode, legacy):
     """`experts`, each expert's rows cut into `chunks`, all the jobs in one launch."""
     xs, xq = activations_par(x, mode if int_dot(k0) or int_dot(k1) else 0, chunks)
+    lx = quantized_par(x, chunks) if _int16(k0, k1, legacy) else _no_int16()
     for job in nb.prange(ids.shape[0] * chunks):
         # (np.int64: a prange's index is unsigned inside the parallel region, signed where Numba
         # first types the loop; the callee would compile for both)
-        _job(k0, k1, w0, w1, x, xs, xq, out0, out1, starts, ids, np.int64(job), chunks, tile)
+        _job(k0, k1, w0, w1, x, xs, xq, lx, out0, out1, starts, ids, np.int64(job), chunks, tile)
 
 
 @functools.cache
 def experts_for(k0: WeightKind, k1: WeightKind):
-    """`experts` for two kinds: (w0, w1, x, out0, out1, starts, ids, tile, mode)."""
+    """`experts` for two kinds: (w0, w1, x, out0, out1, starts, ids, tile, mode, legacy)."""
     k0, k1 = int(WeightKind(k0)), int(WeightKind(k1))  # the closure's literals
 
     @jit
-    def experts_kinds(w0, w1, x, out0, out1, starts, ids, tile, mode):
-        experts(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, mode)
+    def experts_kinds(w0, w1, x, out0, out1, starts, ids, tile, mode, legacy):
+        experts(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, mode, legacy)
     return jitcache.lazy(experts_kinds)
 
 
 @functools.cache
 def experts_par_for(k0: WeightKind, k1: WeightKind):
-    """`experts_par` for two kinds: (w0, w1, x, out0, out1, starts, ids, tile, chunks, mode)."""
+    """`experts_par` for two kinds: (w0, w1, x, out0, out1, starts, ids, tile, chunks, mode,
+    legacy)."""
     k0, k1 = int(WeightKind(k0)), int(WeightKind(k1))
 
     @jit
-    def experts_par_kinds(w0, w1, x, out0, out1, starts, ids, tile, chunks, mode):
-        experts_par(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, chunks, mode)
+    def experts_par_kinds(w0, w1, x, out0, out1, starts, ids, tile, chunks, mode, legacy):
+        experts_par(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, chunks, mode, legacy)
     return jitcache.lazy(experts_par_kinds)

@@ -295,7 +295,7 @@ class PoolBackend(SimdBackend):
         k0 = WeightKind.of(w0)
         k1, d1 = E.second_weight(w0, w1)
         self._launch(E.experts_par_for(k0, k1), w0.data, d1, x, out0, out1, plan.starts,
-                     plan.experts, prefill_tile(w0.shape[1]), self.threads, mode)
+                     plan.experts, prefill_tile(w0.shape[1]), self.threads, mode, self._legacy)
 
     def embedding(self, table, ids):
         """simd's, with a prefill's many rows split across threads."""

@@ -243,7 +243,7 @@ class SimdBackend(Backend):
         k0 = WeightKind.of(w0)
         k1, d1 = E.second_weight(w0, w1)
         E.experts_for(k0, k1)(w0.data, d1, x, out0, out1, plan.starts, plan.experts,
-                              prefill_tile(w0.shape[1]), mode)
+                              prefill_tile(w0.shape[1]), mode, self._legacy)
 
     def embedding(self, table, ids):
         if not isinstance(table, QuantTensor):
