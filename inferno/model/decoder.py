@@ -37,8 +37,7 @@ from inferno.model.kv_cache import KVCache
 # Prompt tokens per forward pass of a long prefill, as llama.cpp's n_ubatch: a pass's
 # activations then stay below glibc's 32 MiB mmap ceiling (above it every op's output is mapped
 # fresh and page-faults on each page it writes: simd.reuse_freed_activations) and nearer the
-# caches; a 4096-token prefill of the Qwen3-1.7B shape ran 1.24x faster in passes of 512
-# (bench/RESULTS.md, "Long prompts in passes of 512").
+# caches (measured: bench/RESULTS.md, "Long prompts in passes of 512").
 UBATCH = 512
 
 
@@ -63,10 +62,9 @@ class Segment:
 def heavy_tailed_inputs(t):
     """t, marked as a linear weight whose inputs are heavy-tailed: the attention's output, the
     MLP's gated product, and the final norm's output that the head takes. int8 activations take
-    a remainder row for these: with one row the logits of Gemma 3 moved by 4.9e-2 of their
-    range, by 1.3e-2 with the remainder row on down_proj alone, and as little as with float32
-    ones with it on both; SmolLM2's head alone, multiplied with one int8 row, moved them by
-    3.2e-2 and changed its greedy answers (bench/RESULTS.md). The other matrices keep one row."""
+    a remainder row for these: one int8 row of such inputs moves the logits enough to change
+    greedy answers, the remainder row brings them back within float32's (bench/RESULTS.md,
+    "Remainder rows for heavy-tailed inputs"). The other matrices keep one row."""
     if isinstance(t, QuantTensor):
         t.outlier_inputs = True
     return t

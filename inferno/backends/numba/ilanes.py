@@ -241,6 +241,14 @@ def _int(context, builder, value, ty, to=types.int32):
 
 
 # -- bytes ---------------------------------------------------------------------------------------------
+def _vector_zero(name, result, vec, zero):
+    """An intrinsic `name()`: the vector `result` (of LLVM type `vec`) with every lane `zero`."""
+    def make(typingctx):
+        return result(), lambda context, builder, sig, args: _const(vec, zero)
+    make.__name__ = make.__qualname__ = name
+    return intrinsic(make)
+
+
 def _vector_load(name, result, elem, count, align, doc):
     """An intrinsic `name(f, o)`: the `count` elements f[o:o + count] as the vector `result`."""
     def load(typingctx, f, o):
@@ -288,20 +296,6 @@ def bhigh(typingctx, lo, hi, shift, mask):
         h = builder.and_(builder.lshr(args[1], _splat(builder, s, _B)), _splat(builder, m, _B))
         return builder.or_(args[0], builder.shl(h, _const(_B, 4)))
     return i8x32(i8x32, i8x32, shift, mask), codegen
-
-
-@intrinsic
-def bsign(typingctx, a, b):
-    """a negated where b < 0 and zeroed where b == 0 (x86's psignb): with a = b it is |b|, and
-    |w| x sign(x, w) multiplies signed bytes through maddubs' unsigned operand."""
-    def codegen(context, builder, sig, args):
-        a, b = args
-        zero = _const(_B, 0)
-        if fast_int_dot():
-            return _x86(builder, "llvm.x86.avx2.psign.b", _B, [a, b])
-        neg = builder.select(builder.icmp_signed("<", b, zero), builder.sub(zero, a), a)
-        return builder.select(builder.icmp_signed("==", b, zero), zero, neg)
-    return i8x32(i8x32, i8x32), codegen
 
 
 # -- products ------------------------------------------------------------------------------------------
@@ -382,52 +376,31 @@ def iadd(typingctx, a, b):
     return a(a, b), codegen
 
 
-@intrinsic
-def izero(typingctx):
-    return i32x8(), lambda context, builder, sig, args: _const(_D, 0)
+izero = _vector_zero("izero", i32x8, _D, 0)
 
 
-@intrinsic
-def zizero(typingctx):
-    return i32x16(), lambda context, builder, sig, args: _const(_Z, 0)
+zizero = _vector_zero("zizero", i32x16, _Z, 0)
 
 
-@intrinsic
-def bsplat4(typingctx, f, o):
-    """The 4 bytes f[o:o + 4] in each of the 8 quads: one activation's four values against
-    eight weight rows' (kpanels' stored panels)."""
-    def codegen(context, builder, sig, args):
-        w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=1)
-        return builder.bitcast(_splat(builder, w, _D), _B)
-    return i8x32(f, types.intp), codegen
+def _vector_splat(name, result, vec, words, align, doc):
+    """An intrinsic `name(f, o)`: the 4 bytes at f[o] (one int32 word, `align`ed as f's
+    elements) in each int32 word of the LLVM vector type `words`, as `result` (LLVM `vec`)."""
+    def splat(typingctx, f, o):
+        def codegen(context, builder, sig, args):
+            w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=align)
+            return builder.bitcast(_splat(builder, w, words), vec)
+        return result(f, types.intp), codegen
+    splat.__name__ = splat.__qualname__ = name
+    splat.__doc__ = doc
+    return intrinsic(splat)
 
 
-@intrinsic
-def zbsplat4(typingctx, f, o):
-    """The 4 bytes f[o:o + 4] in each of the 16 quads (qgemm's panels of sixteen rows)."""
-    def codegen(context, builder, sig, args):
-        w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=1)
-        return builder.bitcast(_splat(builder, w, _Z), _ZB)
-    return i8x64(f, types.intp), codegen
-
-
-@intrinsic
-def hsplat2(typingctx, f, o):
-    """The 2 int16 f[o:o + 2] in each of the 8 pairs: two activations against eight weight rows'
-    (lgemm's panels, interleaved by pairs)."""
-    def codegen(context, builder, sig, args):
-        w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=2)
-        return builder.bitcast(_splat(builder, w, _D), _W)
-    return i16x16(f, types.intp), codegen
-
-
-@intrinsic
-def zhsplat2(typingctx, f, o):
-    """The 2 int16 f[o:o + 2] in each of the 16 pairs (lgemm's panels of sixteen rows)."""
-    def codegen(context, builder, sig, args):
-        w = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I32, 1), align=2)
-        return builder.bitcast(_splat(builder, w, _Z), _ZW)
-    return i16x32(f, types.intp), codegen
+bsplat4 = _vector_splat("bsplat4", i8x32, _B, _D, 1, "The 4 bytes f[o:o + 4] in each of the 8 quads: "
+                        "one activation's four values against eight weight rows' (kpanels' stored panels).")
+zbsplat4 = _vector_splat("zbsplat4", i8x64, _ZB, _Z, 1,
+                         "The 4 bytes f[o:o + 4] in each of the 16 quads (qgemm's panels of sixteen rows).")
+zhsplat2 = _vector_splat("zhsplat2", i16x32, _ZW, _Z, 2,
+                         "The 2 int16 f[o:o + 2] in each of the 16 pairs (lgemm's panels of sixteen rows).")
 
 
 @intrinsic
@@ -481,14 +454,10 @@ def bstore_columns(typingctx, f, o, stride, v0, v1, v2, v3, v4, v5, v6, v7):
 
 
 # -- int16 sums and scales -----------------------------------------------------------------------------
-@intrinsic
-def wzero(typingctx):
-    return i16x16(), lambda context, builder, sig, args: _const(_W, 0)
+wzero = _vector_zero("wzero", i16x16, _W, 0)
 
 
-@intrinsic
-def zwzero(typingctx):
-    return i16x32(), lambda context, builder, sig, args: _const(_ZW, 0)
+zwzero = _vector_zero("zwzero", i16x32, _ZW, 0)
 
 
 @intrinsic
@@ -619,9 +588,7 @@ def ifloat(typingctx, v):
 _FAST = ("reassoc", "contract", "arcp", "nsz")
 
 
-@intrinsic
-def fzero8(typingctx):
-    return f32x8(), lambda context, builder, sig, args: _const(_F8, 0.0)
+fzero8 = _vector_zero("fzero8", f32x8, _F8, 0.0)
 
 
 @intrinsic

@@ -2,14 +2,14 @@
 
 Before every cache load Numba refreshes its target context "to ensure it is initialized". The
 first refresh imports some forty modules of typing and lowering registries (numba.np.arraymath,
-the random and set and list implementations...) and installs them all: 80-130 ms of a warm
-0.45 s load of the default model here, for nothing a cache hit uses. A hit takes its machine
+the random and set and list implementations...) and installs them all: a large part of a warm
+load (bench/RESULTS.md, load times), for nothing a cache hit uses. A hit takes its machine
 code from the cache file and brings its threading layer up through the entry's own reload hooks;
 at run time the code calls Numba's C helpers (registered when Numba's context is made) and the
 NRT, which is initialised here, as the refresh would have done. A miss compiles as before, and
 Numba's compiler refreshes the context itself before it compiles anything.
 
-A miss also prints one notice per process (a model's first run compiles for 15-20 s here,
+A miss also prints one notice per process (a model's first run compiles for seconds,
 silently otherwise). Only inferno's own kernels load this way (a test loads them in a fresh
 process and checks that the registries stay unimported and the answers match); other Numba code
 in the process keeps Numba's own path.

@@ -85,14 +85,13 @@ FEW_MAX = 16
 LEGACY_FEW = 3
 # Activation rows from which qgemm's panels beat qdot.k_few, packing included, for every K-quant
 # with and without remainder rows, and weight rows from how many columns. With AVX-512 VNNI
-# (qgemm.DEEP: zmm panels, eight rows a pass) from 16 rows at every width measured (12 already
-# won, 1.07-1.5x). With VNNI in 256 bits only, from 32 rows of 1024 columns or more: on rows of
-# three super-blocks (768, an expert's down projection in Qwen3-30B-A3B) the panels trailed k_few
-# at every row count measured, 0.7-0.8x with remainder rows. Without VNNI (qgemm.WIDE) k_few pays
-# for emulating vpdpbusd a step where the panels sum int16 pairs, and the panels win from 16 rows
-# at every width measured, 768 included (bench/RESULTS.md: "K-quant prefill on packed panels",
-# "Mixtures of experts", "Panels from 16 rows and any width where there is no VNNI", "Panels in
-# zmm"; bench/quant_matvec.py --only panels).
+# (qgemm.DEEP: zmm panels, eight rows a pass) from 16 rows at every width. With VNNI in 256 bits
+# only, from 32 rows of 1024 columns or more: on rows of three super-blocks (768, an expert's down
+# projection in Qwen3-30B-A3B) the panels trailed k_few at every row count. Without VNNI
+# (qgemm.WIDE) k_few pays for emulating vpdpbusd a step where the panels sum int16 pairs, and the
+# panels win from 16 rows at every width (measured: bench/RESULTS.md, "K-quant prefill on packed
+# panels", "Mixtures of experts", "Panels from 16 rows and any width where there is no VNNI",
+# "Panels in zmm"; bench/quant_matvec.py --only panels).
 GEMM_MIN = 16 if qgemm.WIDE or qgemm.DEEP else 32
 GEMM_MIN_COLS = 0 if qgemm.WIDE or qgemm.DEEP else 1024
 # Activation rows from which the parallel drivers quantize them on every thread (a prefill's 512
