@@ -18,6 +18,7 @@ from inferno.backends.base import CACHE_TYPES
 from inferno.formats.quant import QUANTIZERS
 from inferno.errors import InfernoError, as_flags
 from inferno.loading.resolve import DEFAULT_MODEL
+from inferno.draft import DRAFT_MAX
 from inferno.sampling import SAMPLING_FIELDS, SamplingParams
 
 EXIT_ERROR = 1
@@ -145,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="constrain the reply to a JSON Schema: a file, or the schema itself as JSON")
     g.add_argument("--grammar-file", default=None, metavar="FILE",
                    help="constrain the reply to a GBNF grammar (llama.cpp's format) read from FILE")
+    g.add_argument("--spec-type", choices=("none", "ngram"), default="none",
+                   help="speculative decoding: ngram drafts tokens by prompt lookup and checks them in "
+                        "one pass (temperature 0: the same text, in fewer steps where the reply "
+                        "repeats the prompt)")
+    g.add_argument("--draft-max", type=int, default=16, help="tokens drafted a step at most (--spec-type)")
     g.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
     g.add_argument("--trace", action="store_true", help="print a histogram of every backend op after generation")
     g.set_defaults(func=cmd_generate)
@@ -208,6 +214,9 @@ def check_flags(args) -> None:
     check_ctx_size(args.ctx_size)
     if args.stop and not all(args.stop):
         raise InfernoError("--stop takes non-empty text", params=("stop",))
+    if getattr(args, "spec_type", "none") != "none" and not 1 <= args.draft_max <= DRAFT_MAX:
+        raise InfernoError(f"--draft-max must be between 1 and {DRAFT_MAX}, got {args.draft_max}",
+                           params=("speculative",))
 
 
 def load_engine(args, trace: bool = False):
@@ -271,7 +280,8 @@ def format_stats(r) -> str:
     return "\n".join([
         f"prefill: {r.prompt_tokens} prompt tokens, time to first token {r.ttft_s * 1e3:.1f} ms, "
         f"{r.prefill_tokens_per_s:.1f} tokens/s",
-        f"decode: {r.generated_tokens} tokens, {r.decode_tokens_per_s:.1f} tokens/s{cut}",
+        f"decode: {r.generated_tokens} tokens, {r.decode_tokens_per_s:.1f} tokens/s{cut}"
+        + (f", {r.accepted_tokens} of {r.drafted_tokens} drafted tokens accepted" if r.drafted_tokens else ""),
         f"memory: peak {r.peak_memory_bytes / 2**20:.0f} MiB",
     ])
 
@@ -300,9 +310,11 @@ def cmd_generate(args) -> int:
                   "as raw text, as --raw does", file=sys.stderr)
         try:
             stream = engine.stream(prompt, system=args.system, think=not args.no_think, raw=args.raw,
+                                   speculative=args.draft_max if args.spec_type != "none" else 0,
                                    **constraint_options(args), **sampling_options(args))
         except InfernoError as e:  # a schema or grammar the library refused: name the flag
-            flag = {("grammar",): "--grammar-file", ("json_schema",): "--json-schema"}.get(e.params)
+            flag = {("grammar",): "--grammar-file", ("json_schema",): "--json-schema",
+                    ("speculative",): "--spec-type"}.get(e.params)
             if flag is None:
                 raise
             raise InfernoError(f"{flag}: {str(e).split(': ', 1)[-1]}") from None

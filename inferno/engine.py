@@ -53,6 +53,8 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None  # with logprobs=True: one per generated token
     stop: str | None = None  # the stop string that ended it; None where the model ended it
     context_full: bool = False  # "length" where the context ran out, not max_tokens
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted, and those the model confirmed
+    accepted_tokens: int = 0
 
     @property
     def cut_by(self) -> str | None:
@@ -219,7 +221,7 @@ class Engine:
                stop: str | list[str] | tuple[str, ...] = (), presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
                logprobs: bool = False, top_logprobs: int = 0, json_schema: dict | str | None = None,
-               grammar: str | None = None, **sampling) -> Stream:
+               grammar: str | None = None, speculative: int = 0, **sampling) -> Stream:
         """Generate a reply as an iterator of text pieces; `.result` holds the stats afterwards.
 
         `max_tokens` None: up to DEFAULT_MAX_TOKENS, or fewer where the context ends first
@@ -231,7 +233,11 @@ class Engine:
         `logprobs` records each token's log-probability (and `top_logprobs` alternatives) in
         result.logprobs. `json_schema` (a JSON Schema, as a dict or JSON text) or `grammar`
         (GBNF, as llama.cpp takes it) constrains the reply: every token is masked to what the
-        grammar allows, so a complete reply always parses. With a `session`, the KV cache of
+        grammar allows, so a complete reply always parses. `speculative` k drafts up to k tokens
+        a step by prompt lookup (draft.py) and checks them in the step's one forward pass: at
+        temperature 0 the same text, in fewer steps where the reply repeats its prompt (on
+        backends whose products are batch-invariant, simd and pool, the same bits too).
+        With a `session`, the KV cache of
         earlier calls is reused for the prompt's shared prefix. This runs the same generation
         loop as the server (scheduler.py), with this one sequence in it."""
         constraint = None
@@ -250,7 +256,7 @@ class Engine:
         options = self.options(max_tokens=max_tokens, stop=stop, presence_penalty=presence_penalty,
                                frequency_penalty=frequency_penalty, logit_bias=logit_bias,
                                logprobs=logprobs, top_logprobs=top_logprobs, grammar=constraint,
-                               **sampling)
+                               speculative=speculative, **sampling)
         self._check_fits(ids.size, max_tokens, ctx_size)
         need = ids.size + max_tokens
         slots = session._slots(self, need) if session is not None else need
@@ -276,13 +282,14 @@ class Engine:
     def options(self, *, max_tokens: int = 256, stop=(), presence_penalty: float = 0.0,
                 frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
                 logprobs: bool = False, top_logprobs: int = 0, seed: int | None = None,
-                grammar: Grammar | None = None, **sampling) -> Options:
+                grammar: Grammar | None = None, speculative: int = 0, **sampling) -> Options:
         """One generation's Options, checked: what stream takes, as the server builds them."""
         stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
         bias = tuple((int(t), float(b)) for t, b in (logit_bias or {}).items())
         opts = Options(max_tokens=max_tokens, sampling=self.sampling.params(seed=seed, **sampling),
                        stop=stop, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                       logit_bias=bias, logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar)
+                       logit_bias=bias, logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar,
+                       speculative=speculative)
         opts.check(self.config.vocab_size)
         return opts
 
@@ -431,6 +438,8 @@ class Engine:
             cached_tokens=seq.cached,
             logprobs=lps if seq.options.logprobs else None,
             context_full=to_context and seq.finish_reason == "length",
+            drafted_tokens=seq.drafted,
+            accepted_tokens=seq.accepted,
         )
 
 

@@ -177,6 +177,7 @@ class Scheduler:
         self.prompt_computed = 0  # prompt tokens prefilled
         self.prompt_cached = 0  # prompt tokens whose rows came from a slot's cache
         self.generated = 0
+        self.drafted = self.accepted = 0  # speculative tokens proposed, and confirmed
         self.shared: dict[tuple[Sequence, Sequence], int] = {}  # _shared's, by pair
 
     @property
@@ -205,6 +206,8 @@ class Scheduler:
         if picks is None:  # (without the sequences the device path already failed)
             picks = self._on_host([(seq, seg) for seq, seg in batch if not seq.finished], events)
         for seq, token, logprob in picks:
+            if seq.finished:  # a verified draft's tokens past an end the reply reached
+                continue
             try:
                 event = seq.take(token, logprob)
             except Exception as e:  # a detokenizer fault: this sequence only
@@ -232,9 +235,11 @@ class Scheduler:
     # -- internals ------------------------------------------------------------------------------
     def _plan(self) -> list[tuple[Sequence, Segment]]:
         batch, budget = [], self.chunk if self.chunk is not None else float("inf")
-        for seq in self.running:  # decoding sequences: one token each
+        for seq in self.running:  # decoding sequences: one token each, and any draft
             if not seq.prefilling:
-                batch.append((seq, Segment(seq.next_ids(1), seq.slot, seq.pos)))
+                draft = self._draft(seq)
+                ids = np.concatenate([seq.next_ids(1), draft]) if draft.size else seq.next_ids(1)
+                batch.append((seq, Segment(ids, seq.slot, seq.pos, every_row=draft.size > 0)))
         ahead: list[Sequence] = []  # prefilling sequences already given a chunk this step
         for seq in self.running:  # then prompt chunks, oldest first, within the budget
             if seq.prefilling and budget > 0:
@@ -274,6 +279,37 @@ class Scheduler:
             self.shared[key] = min(common_prefix(a.prompt, b.prompt), len(b.prompt) - 1)
         return self.shared[key]
 
+    # -- speculative decoding: drafts checked in the step's one forward pass --------------------
+    def _draft(self, seq: Sequence) -> np.ndarray:
+        """Tokens to check after `seq`'s last one this step (draft.py's prompt lookup), as many
+        as its options allow and its reply and slot have room for; none for most sequences."""
+        room = min(seq.options.max_tokens - len(seq.sampled) - 1, self.slots.cache.capacity - seq.pos - 1)
+        if seq.drafter is None or room < 1:
+            return np.empty(0, np.int64)
+        return np.asarray(seq.drafter.propose(seq.prompt + seq.sampled, room), dtype=np.int64)
+
+    def _verify(self, seq: Sequence, seg: Segment, rows: np.ndarray) -> list:
+        """The tokens a verifying segment gives: the model's pick at each row while it equals
+        the draft there, then its pick where they part (or after a wholly accepted draft). The
+        slot keeps the rows of the accepted draft tokens only: the others are cut off, so no
+        later step reads a rejected token's keys."""
+        draft = seg.ids[1:]
+        picks = []
+        for i in range(rows.shape[0]):
+            token, logprob = seq.choose(rows[i])
+            picks.append((seq, token, logprob))
+            if i == draft.size or token != draft[i]:
+                break
+        accepted = len(picks) - 1
+        seq.drafted += draft.size
+        seq.accepted += accepted
+        seq.drafter.learn(draft.size, accepted)
+        self.drafted += draft.size
+        self.accepted += accepted
+        seq.pos = seg.start + 1 + accepted
+        self.slots.truncate(seq.slot, seq.pos)
+        return picks
+
     def _reused(self, seq: Sequence, n: int) -> None:
         seq.cached += n
         self.prompt_cached += n
@@ -287,14 +323,17 @@ class Scheduler:
         for seq, seg, row in self._forward(batch, events):
             self._wrote(seq, seg)
             if not seq.prefilling:
-                sampling.append((seq, row))
-        masks = self._masks([seq for seq, _ in sampling], events)
+                sampling.append((seq, seg, row))
+        masks = self._masks([seq for seq, *_ in sampling], events)
         picks = []
-        for (seq, row), mask in zip(sampling, masks):
+        for (seq, seg, row), mask in zip(sampling, masks):
             if seq.finished:  # its grammar failed
                 continue
             try:
-                picks.append((seq, *seq.choose(row, mask)))
+                if seg.every_row:  # a draft to check (Options.check: never with a grammar)
+                    picks += self._verify(seq, seg, row)
+                else:
+                    picks.append((seq, *seq.choose(row, mask)))
             except Exception as e:  # a sampler fault: this sequence only
                 self._fail(seq, e, events)
         return picks
@@ -304,7 +343,7 @@ class Scheduler:
         the backend has one (Backend.decode_graphs): the rows' values go in, one token each
         comes back. None when the step is not for the device (a prompt chunk in it, or no
         runner) or the device failed it: then it runs on the host."""
-        if any(seq.prefilling for seq, _ in batch):
+        if any(seq.prefilling or seg.every_row for seq, seg in batch):
             return None
         runner = self.slots.runner()
         if runner is None:
@@ -352,8 +391,12 @@ class Scheduler:
         model, cache = self.model, self.slots.cache
         try:
             out = model.step([seg for _, seg in batch], cache)
-            rows = iter(model.ops.to_numpy(out) if out is not None else ())
-            return [(seq, seg, next(rows) if seg.logits else None) for seq, seg in batch]
+            rows, at, done = model.ops.to_numpy(out) if out is not None else None, 0, []
+            for seq, seg in batch:  # a segment's last row, or every row of one that asks
+                n = (seg.ids.size if seg.every_row else 1) if seg.logits else 0
+                done.append((seq, seg, (rows[at:at + n] if seg.every_row else rows[at]) if n else None))
+                at += n
+            return done
         except Exception as e:
             if len(batch) == 1:
                 self._fail(batch[0][0], e, events)
@@ -363,7 +406,8 @@ class Scheduler:
         for seq, seg in batch:
             try:
                 out = model.step([seg], cache)
-                done.append((seq, seg, model.ops.to_numpy(out)[0] if seg.logits else None))
+                rows = model.ops.to_numpy(out) if seg.logits else None
+                done.append((seq, seg, None if rows is None else rows if seg.every_row else rows[0]))
             except Exception as e:
                 self._fail(seq, e, events)
         return done

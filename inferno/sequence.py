@@ -16,6 +16,7 @@ import numpy as np
 
 from inferno.backends.base import DecodeRows, SlotStart
 from inferno.constrain import apply_mask, fill_masks
+from inferno.draft import DRAFT_MAX, NgramDrafter
 from inferno.errors import InfernoError
 from inferno.sampling import SamplingParams, sample
 from inferno.tools import CallGuard
@@ -41,6 +42,7 @@ class Options:
     top_logprobs: int = 0  # and the k likeliest alternatives
     grammar: object = None  # a constrain.Grammar (JSON schema, GBNF...): each token masked to it
     tool_format: str | None = None  # tools.FORMATS: the reply holds calls; a repeated one ends it
+    speculative: int = 0  # up to this many tokens drafted a step by prompt lookup (draft.py)
 
     def check(self, vocab_size: int) -> None:
         """The values no sampler can take, as one error naming the option."""
@@ -53,6 +55,18 @@ class Options:
                                params=("logit_bias",))
         if not all(isinstance(s, str) and s for s in self.stop):
             raise InfernoError("stop takes non-empty strings", params=("stop",))
+        if not 0 <= self.speculative <= DRAFT_MAX:
+            raise InfernoError(f"speculative (--draft-max) must be between 0 and {DRAFT_MAX}, got "
+                               f"{self.speculative}", params=("speculative",))
+        if self.speculative:
+            s = self.sampling
+            why = ("it samples at temperature 0 only for now: set temperature 0" if s.temperature > 0 else
+                   "penalties read the tokens a draft would add: drop them" if
+                   (self.presence_penalty or self.frequency_penalty or s.repeat_penalty != 1.0) else
+                   "it does not yet check drafts against a grammar" if self.grammar is not None else None)
+            if why:
+                raise InfernoError(f"speculative decoding cannot run here: {why}, or turn it off",
+                                   params=("speculative",))
 
 
 @dataclass
@@ -211,6 +225,8 @@ class Sequence:
         self._ids: list[int] = []  # tokens not yet in an event
         self._lps: list[TokenLogprob] = []
         self.finish_reason: str | None = None
+        self.drafted = self.accepted = 0  # speculative tokens proposed, and confirmed by the model
+        self.drafter = NgramDrafter(options.speculative) if options.speculative else None
         self.arrival = arrival
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None

@@ -51,12 +51,14 @@ def check_room(cache: KVCache, start: int, n: int) -> None:
 class Segment:
     """Tokens of one sequence in a step: `ids` continue cache slot `slot` from position `start`
     (the slot already holds positions 0..start-1). `logits` False skips the vocabulary
-    projection for it: a prompt chunk that is not the prompt's last needs none."""
+    projection for it: a prompt chunk that is not the prompt's last needs none; `every_row`
+    asks for every row's (a speculative step checks a drafted token at each)."""
 
     ids: np.ndarray  # [n] int64
     slot: int = 0
     start: int = 0
     logits: bool = True
+    every_row: bool = False
 
 
 def heavy_tailed_inputs(t):
@@ -215,8 +217,9 @@ class DecoderModel:
 
     def step(self, segments: list[Segment], cache: KVCache | None, all_logits: bool = False):
         """One forward pass over a batch of segments. Returns the last-token logits of each
-        segment that asks for them, [n, vocab] in the order given (None when none does), or with
-        `all_logits` every row's, segment by segment. Each segment's K/V are written into its
+        segment that asks for them, [n, vocab] in the order given (None when none does), or
+        every row's of a segment with `every_row` (of all of them with `all_logits`), segment by
+        segment. Each segment's K/V are written into its
         cache slot and the slot's length set to its end."""
         ops, cfg = self.ops, self.cfg
         if not segments:
@@ -240,8 +243,10 @@ class DecoderModel:
         seg_of = np.argsort(batch.order)[[s.logits for s in segments]]  # caller's j -> processed k
         if seg_of.size == 0:
             return None
-        if all_logits:
-            rows = np.concatenate([np.arange(batch.row0[k], batch.row0[k + 1]) for k in seg_of])
+        every = [all_logits or batch.segments[k].every_row for k in seg_of]
+        if any(every):
+            rows = np.concatenate([np.arange(batch.row0[k] if e else batch.row0[k + 1] - 1, batch.row0[k + 1])
+                                   for k, e in zip(seg_of, every)])
         else:
             rows = batch.row0[seg_of + 1] - 1  # each segment's last row
         if len(rows) != batch.ids.size or np.any(rows != np.arange(len(rows))):

@@ -1,0 +1,109 @@
+"""Speculative decoding by prompt lookup (inferno/draft.py, Scheduler._draft and _verify).
+
+The oracle is decoding without it: at temperature 0 every token a verifying step gives is the
+model's own pick at that row, so the text must be the same, byte for byte, on the backends whose
+products do not depend on the rows beside them (simd, pool: a verifying step's k + 1 rows give
+the logits k + 1 decode steps would). And the slot must hold no rejected draft's rows."""
+
+from __future__ import annotations
+
+import pytest
+
+import inferno
+from inferno.draft import DRAFT_MAX, NgramDrafter, next_length, ngram_draft
+from inferno.errors import InfernoError
+from inferno.loading.resolve import resolve
+from inferno.scheduler import Scheduler
+from inferno.sequence import Sequence
+
+PASSAGE = ("The Rhine is a river that begins in the Swiss Alps, flows through Germany and the "
+           "Netherlands, and empties into the North Sea. It is about 1,230 kilometres long. Cities "
+           "along the Rhine include Basel, Strasbourg, Cologne, Düsseldorf and Rotterdam.")
+PROMPTS = [PASSAGE + "\n\nRepeat the text above word for word.",
+           PASSAGE + "\n\nWhich cities lie on the Rhine? Answer from the text.",
+           "def area(width, height):\n    return width * height\n\nRename width to w in this code.",
+           "Write a short poem about the sea."]  # free: few drafts, and still the same text
+
+
+def test_ngram_draft_proposes_what_followed_the_latest_match():
+    assert ngram_draft([1, 2, 3, 4, 5, 1, 2, 3], 3) == [4, 5, 1]  # the 3-gram 1 2 3
+    assert ngram_draft([7, 2, 3, 9, 5, 2, 3], 2) == [9, 5]  # the 2-gram 2 3
+    assert ngram_draft([1, 9, 8, 1, 9], 5) == [8, 1, 9]  # no more than there is
+    assert ngram_draft([4, 1, 4, 2, 4, 1], 1) == [4]  # the latest of two matches
+    assert ngram_draft([1, 9, 8, 1], 5) == []  # one token alone is no match (NGRAM_MIN)
+    assert ngram_draft([1, 2, 3], 4) == [] and ngram_draft([1, 2, 1, 2], 0) == []
+
+
+def test_the_draft_length_follows_the_acceptance():
+    assert next_length(8, 8, 8, 8) == 8 and next_length(4, 4, 4, 8) == 6  # all accepted: longer
+    assert next_length(4, 4, 1, 8) == 3 and next_length(1, 1, 0, 8) == 1  # a rejection: shorter
+    assert next_length(5, 0, 0, 8) == 5  # nothing drafted: unchanged
+
+
+def test_drafts_that_keep_failing_pause_drafting_longer_each_time():
+    d = NgramDrafter(4)
+    tokens = [1, 2, 3, 1, 2]  # the 2-gram 1 2 drafts 3 1 2
+    waits, sizes = [], []
+    for _ in range(4):
+        draft = d.propose(tokens, 10)
+        sizes.append(len(draft))
+        d.learn(len(draft), 0)
+        waits.append(d.wait)
+        while d.wait:
+            assert d.propose(tokens, 10) == []
+    assert waits == [1, 2, 4, 8] and sizes == [2, 1, 1, 1]
+    d.learn(1, 1)
+    assert d.backoff == 0 and d.propose(tokens, 1) == [3]
+
+
+@pytest.fixture(scope="module", params=["simd", "pool"])
+def engine(request):
+    return inferno.load(str(resolve("smollm2-135m")), request.param, progress=False)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_text_is_the_same_with_drafts(engine, prompt):
+    plain = engine.generate(prompt, max_tokens=96, temperature=0)
+    fast = engine.generate(prompt, max_tokens=96, temperature=0, speculative=8)
+    assert fast.token_ids == plain.token_ids and fast.text == plain.text
+    assert fast.finish_reason == plain.finish_reason and plain.drafted_tokens == 0
+    assert 0 <= fast.accepted_tokens <= fast.drafted_tokens
+    if prompt.endswith("word for word."):
+        assert fast.accepted_tokens >= len(fast.token_ids) // 2  # most of a quote is drafted right
+
+
+def test_the_slot_keeps_no_rejected_rows_and_a_neighbour_is_unchanged(engine):
+    """Through the loop itself: a speculating sequence beside a plain one in the same steps;
+    each gives what it gives alone, and each slot's rows are exactly its own tokens."""
+    def run(specs):
+        slots = engine.new_slots(len(specs), 512)
+        loop = Scheduler(engine, slots, chunk=64)
+        seqs = []
+        for i, (prompt, k) in enumerate(specs):
+            ids = engine.encode_prompt(prompt)
+            opts = engine.options(max_tokens=60, temperature=0, speculative=k)
+            seqs.append(Sequence(ids, opts, engine.tokenizer, engine.eos, index=i))
+        loop.add(seqs)
+        while loop.busy:
+            loop.step()
+        for s in seqs:
+            # the slot holds the prompt and every sampled token but the last (never fed)
+            assert slots.tokens[s.slot] == s.prompt + s.sampled[:-1]
+            assert slots.cache.lengths[s.slot] == len(slots.tokens[s.slot])
+        return [s.generated for s in seqs], loop
+    (alone_spec,), _ = run([(PROMPTS[0], 8)])
+    (alone_free,), _ = run([(PROMPTS[3], 0)])
+    together, loop = run([(PROMPTS[0], 8), (PROMPTS[3], 0)])
+    assert together == [alone_spec, alone_free] and loop.accepted > 0
+
+
+def test_what_it_cannot_do_yet_is_refused_with_the_reason(engine):
+    with pytest.raises(InfernoError, match="temperature 0"):
+        engine.options(temperature=0.7, speculative=4)
+    with pytest.raises(InfernoError, match="penalties"):
+        engine.options(temperature=0, presence_penalty=0.5, speculative=4)
+    with pytest.raises(InfernoError, match="grammar"):
+        engine.options(temperature=0, speculative=4, grammar=engine.constraint(json_object=True))
+    with pytest.raises(InfernoError, match=f"between 0 and {DRAFT_MAX}"):
+        engine.options(temperature=0, speculative=DRAFT_MAX + 1)
+    assert engine.options(temperature=0, speculative=DRAFT_MAX).speculative == DRAFT_MAX
