@@ -2,7 +2,7 @@
 free chat: decode tokens/s of each (medians of -r runs, alternating), their ratio, the drafted
 and accepted tokens, and whether the text is the same (it must be).
 
-    python bench/speculative.py                         # SmolLM2 on pool, 8 tokens a draft
+    python bench/speculative.py                         # SmolLM2 on pool, drafts of up to 16
     python bench/speculative.py -m gemma3-270m -k 16 -r 5
     python bench/speculative.py --peer http://127.0.0.1:8392 --peer http://127.0.0.1:8393
 
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", "-m", default=None)
     p.add_argument("--backend", "-b", default="pool")
     p.add_argument("--max-tokens", "-n", type=int, default=128)
-    p.add_argument("--draft-max", "-k", type=int, default=8)
+    p.add_argument("--draft-max", "-k", type=int, default=16)
     p.add_argument("--repetitions", "-r", type=int, default=3)
     p.add_argument("--peer", action="append", default=[], metavar="URL")
     args = p.parse_args(argv)

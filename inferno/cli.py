@@ -146,11 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="constrain the reply to a JSON Schema: a file, or the schema itself as JSON")
     g.add_argument("--grammar-file", default=None, metavar="FILE",
                    help="constrain the reply to a GBNF grammar (llama.cpp's format) read from FILE")
-    g.add_argument("--spec-type", choices=("none", "ngram"), default="none",
-                   help="speculative decoding: ngram drafts tokens by prompt lookup and checks them in "
-                        "one pass (temperature 0: the same text, in fewer steps where the reply "
-                        "repeats the prompt)")
-    g.add_argument("--draft-max", type=int, default=16, help="tokens drafted a step at most (--spec-type)")
+    add_spec_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
     g.add_argument("--trace", action="store_true", help="print a histogram of every backend op after generation")
     g.set_defaults(func=cmd_generate)
@@ -165,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=fmt, conflict_handler="resolve")
     add_model_args(s)
     add_serve_args(s)
+    add_spec_args(s)
     s.set_defaults(func=cmd_serve)
 
     w = sub.add_parser("warmup", help="compile a model's kernels on a backend ahead of time (an image "
@@ -201,6 +198,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_spec_args(p) -> None:
+    p.add_argument("--spec-type", choices=("none", "ngram"), default="none",
+                   help="speculative decoding: ngram drafts tokens by prompt lookup and checks them all in "
+                        "one pass: the same text (with a seed, sampled too), in fewer steps where the reply "
+                        "repeats its prompt")
+    p.add_argument("--draft-max", type=int, default=16, help="tokens drafted a step at most (--spec-type)")
+
+
+def speculative(args) -> int:
+    """The --spec-type and --draft-max flags as Options.speculative, checked."""
+    if args.spec_type == "none":
+        return 0
+    if not 1 <= args.draft_max <= DRAFT_MAX:
+        raise InfernoError(f"--draft-max must be between 1 and {DRAFT_MAX}, got {args.draft_max}",
+                           params=("speculative",))
+    return args.draft_max
+
+
 def check_flags(args) -> None:
     """Every flag whose range does not depend on the model, checked before anything loads (a
     load takes seconds); --ctx-size against the model's context is load()'s, right after the
@@ -214,9 +229,8 @@ def check_flags(args) -> None:
     check_ctx_size(args.ctx_size)
     if args.stop and not all(args.stop):
         raise InfernoError("--stop takes non-empty text", params=("stop",))
-    if getattr(args, "spec_type", "none") != "none" and not 1 <= args.draft_max <= DRAFT_MAX:
-        raise InfernoError(f"--draft-max must be between 1 and {DRAFT_MAX}, got {args.draft_max}",
-                           params=("speculative",))
+    if hasattr(args, "spec_type"):
+        speculative(args)
 
 
 def load_engine(args, trace: bool = False):
@@ -310,7 +324,7 @@ def cmd_generate(args) -> int:
                   "as raw text, as --raw does", file=sys.stderr)
         try:
             stream = engine.stream(prompt, system=args.system, think=not args.no_think, raw=args.raw,
-                                   speculative=args.draft_max if args.spec_type != "none" else 0,
+                                   speculative=speculative(args),
                                    **constraint_options(args), **sampling_options(args))
         except InfernoError as e:  # a schema or grammar the library refused: name the flag
             flag = {("grammar",): "--grammar-file", ("json_schema",): "--json-schema",
@@ -387,7 +401,7 @@ def cmd_serve(args) -> int:
                           parallel=args.parallel, ctx_size=args.ctx_size,
                           queue_limit=args.queue_limit, chunk=args.prefill_chunk,
                           api_key=args.api_key or os.environ.get("INFERNO_API_KEY") or None,
-                          model_id=args.alias)
+                          model_id=args.alias, speculative=speculative(args))
     if args.ray:
         from inferno.serve.ray_app import run
         return run(config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address)

@@ -59,10 +59,13 @@ class Options:
             raise InfernoError(f"speculative (--draft-max) must be between 0 and {DRAFT_MAX}, got "
                                f"{self.speculative}", params=("speculative",))
         if self.speculative:
-            s = self.sampling
-            why = ("it samples at temperature 0 only for now: set temperature 0" if s.temperature > 0 else
-                   "penalties read the tokens a draft would add: drop them" if
-                   (self.presence_penalty or self.frequency_penalty or s.repeat_penalty != 1.0) else
+            # (Sampling needs no rule of its own: a row's token is drawn as a plain step draws
+            # it, one draw a token, and kept while it equals the draft; for a draft of one
+            # token per position that is the distribution-preserving rule, and with a seed the
+            # very same text.)
+            repeat = self.sampling is not None and self.sampling.repeat_penalty != 1.0
+            why = ("penalties read the tokens a draft would add: drop them" if
+                   (self.presence_penalty or self.frequency_penalty or repeat) else
                    "it does not yet check drafts against a grammar" if self.grammar is not None else None)
             if why:
                 raise InfernoError(f"speculative decoding cannot run here: {why}, or turn it off",
@@ -90,6 +93,8 @@ class Event:
     prompt_tokens: int = 0
     completion_tokens: int = 0  # on the final event: all generated tokens, the EOS excepted
     cached_tokens: int = 0  # on the final event: prompt tokens whose K/V came from the cache
+    drafted_tokens: int = 0  # on the final event: speculative tokens drafted, and confirmed
+    accepted_tokens: int = 0
 
 
 class Sampler:
@@ -310,6 +315,7 @@ class Sequence:
         if finish:
             ev.prompt_tokens, ev.completion_tokens = len(self.prompt), len(self.generated)
             ev.cached_tokens = self.cached
+            ev.drafted_tokens, ev.accepted_tokens = self.drafted, self.accepted
         return ev
 
 

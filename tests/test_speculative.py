@@ -72,6 +72,18 @@ def test_greedy_text_is_the_same_with_drafts(engine, prompt):
         assert fast.accepted_tokens >= len(fast.token_ids) // 2  # most of a quote is drafted right
 
 
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+def test_seeded_sampling_gives_the_same_text_with_drafts(engine, prompt):
+    """Each token is drawn from its row as a plain step would draw it, one draw a token, and
+    kept while it equals the draft: the same draws on the same logits, so the same text (and
+    so the same distribution, which for a one-token-a-position draft is the
+    distribution-preserving rule's)."""
+    for seed in (1, 2):
+        plain = engine.generate(prompt, max_tokens=64, temperature=0.8, seed=seed)
+        fast = engine.generate(prompt, max_tokens=64, temperature=0.8, seed=seed, speculative=8)
+        assert fast.token_ids == plain.token_ids and fast.drafted_tokens > 0
+
+
 def test_the_slot_keeps_no_rejected_rows_and_a_neighbour_is_unchanged(engine):
     """Through the loop itself: a speculating sequence beside a plain one in the same steps;
     each gives what it gives alone, and each slot's rows are exactly its own tokens."""
@@ -98,8 +110,6 @@ def test_the_slot_keeps_no_rejected_rows_and_a_neighbour_is_unchanged(engine):
 
 
 def test_what_it_cannot_do_yet_is_refused_with_the_reason(engine):
-    with pytest.raises(InfernoError, match="temperature 0"):
-        engine.options(temperature=0.7, speculative=4)
     with pytest.raises(InfernoError, match="penalties"):
         engine.options(temperature=0, presence_penalty=0.5, speculative=4)
     with pytest.raises(InfernoError, match="grammar"):
@@ -107,3 +117,33 @@ def test_what_it_cannot_do_yet_is_refused_with_the_reason(engine):
     with pytest.raises(InfernoError, match=f"between 0 and {DRAFT_MAX}"):
         engine.options(temperature=0, speculative=DRAFT_MAX + 1)
     assert engine.options(temperature=0, speculative=DRAFT_MAX).speculative == DRAFT_MAX
+
+
+def test_the_server_drafts_for_every_request_that_can_take_it():
+    """--spec-type ngram on the server: the same text as a request that turns it off, its
+    drafts in usage (as OpenAI counts predicted outputs) and /metrics; a request whose penalties
+    rule it out runs without it, one that asks for it with them is a 400 saying why."""
+    import httpx
+    import openai
+    from test_serve import running, wait_healthy
+
+    from inferno.serve.app import ServerConfig, build_app
+
+    app = build_app(ServerConfig(model=str(resolve("smollm2-135m")), model_id="m", parallel=2,
+                                 ctx_size=1024, speculative=8))
+    with running(app) as url:
+        wait_healthy(url)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        ask = dict(model="m", messages=[{"role": "user", "content": PROMPTS[0]}], temperature=0, max_tokens=80)
+        fast = client.chat.completions.create(**ask)
+        plain = client.chat.completions.create(**ask, extra_body={"speculative": 0})
+        assert fast.choices[0].message.content == plain.choices[0].message.content
+        details = fast.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+        assert plain.usage.completion_tokens_details is None
+        assert client.chat.completions.create(**{**ask, "presence_penalty": 0.5}).choices[0].message.content
+        with pytest.raises(openai.BadRequestError, match="penalties"):
+            client.chat.completions.create(**{**ask, "presence_penalty": 0.5}, extra_body={"speculative": 4})
+        metrics = httpx.get(url + "/metrics").text
+        accepted = [ln for ln in metrics.splitlines() if ln.startswith("inferno_draft_accepted_tokens_total")]
+        assert accepted and float(accepted[0].split()[1]) >= details.accepted_prediction_tokens

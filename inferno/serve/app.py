@@ -60,6 +60,7 @@ class ServerConfig:
     weights: str | None = None
     api_key: str | None = None
     model_id: str | None = None
+    speculative: int = 0  # --spec-type ngram's --draft-max: every request's drafts, unless it says
 
     @property
     def served_name(self) -> str:
@@ -203,7 +204,7 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
             grammar = await compile_constraint(engine, {"lark": lark}, param="tools")
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, batch.ctx_size - len(ids))
         options = req.options(engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0, grammar,
-                              tool_format)
+                              tool_format, config.speculative)
         return await respond(request, req, Response("chat", req.model, state.tokens, tool_format,
                                       fenced=grammar is not None and grammar.fenced),
                              submit(batch, ids, options, req.n, "max_completion_tokens"))
@@ -216,7 +217,8 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         ids = [tok.encode(p, add_special_tokens=True) if isinstance(p, str) else p for p in prompts]
         grammar = await compile_constraint(batch.engine, req.constraint())
         max_tokens = req.max_tokens or max(1, batch.ctx_size - max(map(len, ids)))
-        options = req.options(batch.engine.sampling, max_tokens, req.logprobs is not None, req.logprobs or 0, grammar)
+        options = req.options(batch.engine.sampling, max_tokens, req.logprobs is not None, req.logprobs or 0, grammar,
+                              speculative=config.speculative)
         return await respond(request, req, Response("text", req.model, state.tokens),
                              submit(batch, ids, options, req.n, "max_tokens"))
 
@@ -297,18 +299,20 @@ async def stream(resp: Response, handle: Handle, include_usage: bool):
             opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                         "finish_reason": None} for i in range(handle.n)]
             yield sse({**resp.envelope(opening, stream=True), **extra})
-        completion_tokens = cached_tokens = 0
+        completion_tokens = cached_tokens = drafted = accepted = 0
         async for ev in handle:
             if ev.error:
                 yield sse(APIError(500, f"generation failed: {ev.error}", kind="server_error").body())
                 return
             completion_tokens += ev.completion_tokens
             cached_tokens += ev.cached_tokens
+            drafted += ev.drafted_tokens
+            accepted += ev.accepted_tokens
             for choice in resp.chunk_choices(ev):
                 yield sse({**resp.envelope([choice], stream=True), **extra})
         if include_usage:
             yield sse({**resp.envelope([], stream=True),
-                       "usage": usage(handle.prompt_tokens, completion_tokens, cached_tokens)})
+                       "usage": usage(handle.prompt_tokens, completion_tokens, cached_tokens, drafted, accepted)})
         yield "data: [DONE]\n\n"
     finally:
         handle.cancel()  # the client went away (the generator is cancelled), or a choice failed

@@ -271,6 +271,7 @@ class BatchEngine:
                 with self.metrics.lock:
                     self.metrics.prompt_tokens, self.metrics.prompt_tokens_cached = self.prompt_counts()
                     self.metrics.generated_tokens = sched.generated
+                    self.metrics.drafted_tokens, self.metrics.accepted_tokens = sched.drafted, sched.accepted
                 self._deliver(events)
         self._deliver(sched.cancel_all())
 

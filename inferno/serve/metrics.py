@@ -38,6 +38,7 @@ class Metrics:
         self.prompt_tokens = 0  # prefilled
         self.prompt_tokens_cached = 0  # taken from a slot's cache instead (prefix reuse)
         self.generated_tokens = 0
+        self.drafted_tokens = self.accepted_tokens = 0  # speculative decoding's
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
 
@@ -58,6 +59,10 @@ class Metrics:
                  [f"inferno_prompt_tokens_cached_total {self.prompt_tokens_cached}"]),
                 ("inferno_generation_tokens_total", "counter", "tokens generated",
                  [f"inferno_generation_tokens_total {self.generated_tokens}"]),
+                ("inferno_draft_tokens_total", "counter", "tokens drafted by speculative decoding",
+                 [f"inferno_draft_tokens_total {self.drafted_tokens}"]),
+                ("inferno_draft_accepted_tokens_total", "counter", "drafted tokens the model confirmed",
+                 [f"inferno_draft_accepted_tokens_total {self.accepted_tokens}"]),
                 ("inferno_time_to_first_token_seconds", "histogram",
                  "request arrival to its first token", self.ttft.lines("inferno_time_to_first_token_seconds")),
                 ("inferno_inter_token_latency_seconds", "histogram",

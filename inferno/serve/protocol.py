@@ -68,6 +68,9 @@ class Request(BaseModel):
     # llama.cpp's server's extensions: constrain the reply to a JSON Schema, or a GBNF grammar.
     json_schema: dict | None = None
     grammar: str | None = None
+    # inferno's: speculative decoding's most tokens drafted a step (0: none), over the server's
+    # --draft-max; refused with the reason where it cannot run (penalties, a grammar)
+    speculative: int | None = Field(None, ge=0)
 
     def check_supported(self) -> None:
         for name, harmless in UNSUPPORTED.items():
@@ -88,9 +91,10 @@ class Request(BaseModel):
         return given or None
 
     def options(self, defaults: SamplingDefaults, max_tokens: int, logprobs: bool, top_logprobs: int,
-                grammar=None, tool_format: str | None = None) -> Options:
+                grammar=None, tool_format: str | None = None, speculative: int = 0) -> Options:
         """The sampler settings: what the request sets, over the model's defaults (its
-        generation config, else llama.cpp's), as vLLM and llama.cpp's server do."""
+        generation config, else llama.cpp's), as vLLM and llama.cpp's server do. `speculative`:
+        the server's drafts (--spec-type), taken where the request can speculate."""
         bias = []
         for key, value in (self.logit_bias or {}).items():
             if not key.lstrip("-").isdigit() or not -100 <= value <= 100:
@@ -99,10 +103,15 @@ class Request(BaseModel):
         sampling = defaults.params(seed=self.seed, temperature=self.temperature, top_k=self.top_k,
                                    top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repetition_penalty)
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if self.speculative is not None:
+            speculative = self.speculative
+        elif (grammar is not None or self.presence_penalty or self.frequency_penalty
+              or sampling.repeat_penalty != 1.0):
+            speculative = 0  # the server's default, where this request cannot take it
         return Options(max_tokens=max_tokens, sampling=sampling, stop=stop,
                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                        logit_bias=tuple(bias), logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar,
-                       tool_format=tool_format)
+                       tool_format=tool_format, speculative=speculative)
 
     @property
     def include_usage(self) -> bool:
@@ -336,15 +345,23 @@ class Response:
                 choices.append(self.chunk_choice(merged))
         body = self.envelope(choices, stream=False)
         body["usage"] = usage(prompt_tokens, sum(e.completion_tokens for e in events),
-                              sum(e.cached_tokens for e in events))
+                              sum(e.cached_tokens for e in events), sum(e.drafted_tokens for e in events),
+                              sum(e.accepted_tokens for e in events))
         return body
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """OpenAI's usage object; `cached_tokens`: prompt tokens whose K/V a slot already held."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, drafted: int = 0,
+          accepted: int = 0) -> dict:
+    """OpenAI's usage object; `cached_tokens`: prompt tokens whose K/V a slot already held;
+    speculative decoding's drafted tokens as OpenAI's predicted outputs count theirs, accepted
+    and rejected (completion_tokens_details, only where something was drafted)."""
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if drafted:
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                            "rejected_prediction_tokens": drafted - accepted}
+    return out
 
 
 class TokenText:
