@@ -229,8 +229,9 @@ def check_flags(args) -> None:
     check_ctx_size(args.ctx_size)
     if args.stop and not all(args.stop):
         raise InfernoError("--stop takes non-empty text", params=("stop",))
-    if hasattr(args, "spec_type"):
-        speculative(args)
+    if hasattr(args, "spec_type") and speculative(args) and args.repeat_penalty not in (None, 1.0):
+        raise InfernoError("--spec-type: penalties read the tokens a draft would add: drop "
+                           "--repeat-penalty or --spec-type", params=("speculative",))
 
 
 def load_engine(args, trace: bool = False):

@@ -147,3 +147,13 @@ def test_the_server_drafts_for_every_request_that_can_take_it():
         metrics = httpx.get(url + "/metrics").text
         accepted = [ln for ln in metrics.splitlines() if ln.startswith("inferno_draft_accepted_tokens_total")]
         assert accepted and float(accepted[0].split()[1]) >= details.accepted_prediction_tokens
+
+
+@pytest.mark.parametrize("flags,message", [(["--draft-max", "99"], "--draft-max must be between 1 and 64"),
+                                           (["--repeat-penalty", "1.1"], "drop --repeat-penalty")])
+def test_the_cli_refuses_what_cannot_run_before_loading(flags, message):
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "inferno", "generate", "-m", "no-such-model", "-p", "hi",
+                        "--spec-type", "ngram", *flags], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and message in p.stderr and "load:" not in p.stderr
