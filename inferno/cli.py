@@ -229,9 +229,8 @@ def check_flags(args) -> None:
     check_ctx_size(args.ctx_size)
     if args.stop and not all(args.stop):
         raise InfernoError("--stop takes non-empty text", params=("stop",))
-    if hasattr(args, "spec_type") and speculative(args) and args.repeat_penalty not in (None, 1.0):
-        raise InfernoError("--spec-type: penalties read the tokens a draft would add: drop "
-                           "--repeat-penalty or --spec-type", params=("speculative",))
+    if hasattr(args, "spec_type"):
+        speculative(args)
 
 
 def load_engine(args, trace: bool = False):
@@ -328,8 +327,7 @@ def cmd_generate(args) -> int:
                                    speculative=speculative(args),
                                    **constraint_options(args), **sampling_options(args))
         except InfernoError as e:  # a schema or grammar the library refused: name the flag
-            flag = {("grammar",): "--grammar-file", ("json_schema",): "--json-schema",
-                    ("speculative",): "--spec-type"}.get(e.params)
+            flag = {("grammar",): "--grammar-file", ("json_schema",): "--json-schema"}.get(e.params)
             if flag is None:
                 raise
             raise InfernoError(f"{flag}: {str(e).split(': ', 1)[-1]}") from None

@@ -174,6 +174,7 @@ class Unfence:
     def __init__(self):
         self.state = "start"  # -> "plain" (no fence) or "body" (inside one)
         self.held = ""
+        self.body = ""  # what was sent of the fenced JSON: is it whole, at the end?
 
     def feed(self, text: str) -> str:
         self.held += text
@@ -192,6 +193,7 @@ class Unfence:
             return out
         cut = self._tail.search(self.held).start()
         out, self.held = self.held[:cut], self.held[cut:]
+        self.body += out
         return out
 
     def finish(self) -> str:
@@ -200,9 +202,17 @@ class Unfence:
         if self.state == "start":
             m = self._open.match(held)
             return "" if m is not None or "```json".startswith(held) else held
-        if self.state == "body" and re.fullmatch(r"\s*```", held):
-            return ""
+        if self.state == "body" and _whole_json(self.body):
+            return ""  # after the JSON, only the closing fence, whole or cut short, can follow
         return held
+
+
+def _whole_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
 
 
 def unfence(text: str) -> str:

@@ -206,24 +206,30 @@ class Scheduler:
         if picks is None:  # (without the sequences the device path already failed)
             picks = self._on_host([(seq, seg) for seq, seg in batch if not seq.finished], events)
         for seq, token, logprob in picks:
-            if seq.finished:  # a verified draft's tokens past an end the reply reached
-                continue
-            try:
-                event = seq.take(token, logprob)
-            except Exception as e:  # a detokenizer fault: this sequence only
-                self._fail(seq, e, events)
-                continue
-            self.generated += 1
-            now, before = time.perf_counter(), seq.last_token_time
-            seq.last_token_time = now
-            if before is None:
-                seq.first_token_time = now
-            if self.on_token is not None:
-                self.on_token(seq, None if before is None else now - before)
-            if event is not None:
-                events.append((seq, event))
+            if isinstance(token, Segment):  # a draft to check: `logprob` holds its rows' logits
+                self._verify(seq, token, logprob, events)
+            else:
+                self._take(seq, token, logprob, events)
         self._retire()
         return events
+
+    def _take(self, seq: Sequence, token: int, logprob, events: list) -> bool:
+        """`seq` takes its next token; False where it failed."""
+        try:
+            event = seq.take(token, logprob)
+        except Exception as e:  # a detokenizer fault: this sequence only
+            self._fail(seq, e, events)
+            return False
+        self.generated += 1
+        now, before = time.perf_counter(), seq.last_token_time
+        seq.last_token_time = now
+        if before is None:
+            seq.first_token_time = now
+        if self.on_token is not None:
+            self.on_token(seq, None if before is None else now - before)
+        if event is not None:
+            events.append((seq, event))
+        return True
 
     def cancel_all(self) -> list[tuple[Sequence, Event]]:
         events = [(s, s.finish("cancelled")) for s in itertools.chain(self.running, self.waiting) if not s.finished]
@@ -288,19 +294,29 @@ class Scheduler:
             return np.empty(0, np.int64)
         return np.asarray(seq.drafter.propose(seq.prompt + seq.sampled, room), dtype=np.int64)
 
-    def _verify(self, seq: Sequence, seg: Segment, rows: np.ndarray) -> list:
-        """The tokens a verifying segment gives: the model's pick at each row while it equals
-        the draft there, then its pick where they part (or after a wholly accepted draft). The
-        slot keeps the rows of the accepted draft tokens only: the others are cut off, so no
-        later step reads a rejected token's keys."""
+    def _verify(self, seq: Sequence, seg: Segment, rows: np.ndarray, events: list) -> None:
+        """A verifying segment's tokens, taken one at a time as plain steps would take them:
+        the pick at each row (under the sequence's grammar and penalties, which have seen
+        every token taken before it) while it equals the draft there, then the pick where they
+        part, or after a wholly accepted draft; never past the reply's end. The slot keeps the
+        rows of the accepted draft tokens only: no later step reads a rejected token's keys."""
         draft = seg.ids[1:]
-        picks = []
+        accepted = 0
+        mask = np.empty((1, seq.matcher.words), np.int32) if seq.matcher is not None else None
         for i in range(rows.shape[0]):
-            token, logprob = seq.choose(rows[i])
-            picks.append((seq, token, logprob))
-            if i == draft.size or token != draft[i]:
+            try:
+                if mask is not None:
+                    seq.matcher.fill(mask)
+                token, logprob = seq.choose(rows[i], None if mask is None else mask[0])
+            except Exception as e:  # a sampler or grammar fault: this sequence only
+                self._fail(seq, e, events)
                 break
-        accepted = len(picks) - 1
+            matched = i < draft.size and token == int(draft[i])
+            if not self._take(seq, token, logprob, events):
+                break
+            accepted += matched
+            if not matched or seq.finished:
+                break
         seq.drafted += draft.size
         seq.accepted += accepted
         seq.drafter.learn(draft.size, accepted)
@@ -308,7 +324,6 @@ class Scheduler:
         self.accepted += accepted
         seq.pos = seg.start + 1 + accepted
         self.slots.truncate(seq.slot, seq.pos)
-        return picks
 
     def _reused(self, seq: Sequence, n: int) -> None:
         seq.cached += n
@@ -330,8 +345,8 @@ class Scheduler:
             if seq.finished:  # its grammar failed
                 continue
             try:
-                if seg.every_row:  # a draft to check (Options.check: never with a grammar)
-                    picks += self._verify(seq, seg, row)
+                if seg.every_row:  # a draft to check, token by token as they are taken (step)
+                    picks.append((seq, seg, row))
                 else:
                     picks.append((seq, *seq.choose(row, mask)))
             except Exception as e:  # a sampler fault: this sequence only

@@ -58,18 +58,6 @@ class Options:
         if not 0 <= self.speculative <= DRAFT_MAX:
             raise InfernoError(f"speculative (--draft-max) must be between 0 and {DRAFT_MAX}, got "
                                f"{self.speculative}", params=("speculative",))
-        if self.speculative:
-            # (Sampling needs no rule of its own: a row's token is drawn as a plain step draws
-            # it, one draw a token, and kept while it equals the draft; for a draft of one
-            # token per position that is the distribution-preserving rule, and with a seed the
-            # very same text.)
-            repeat = self.sampling is not None and self.sampling.repeat_penalty != 1.0
-            why = ("penalties read the tokens a draft would add: drop them" if
-                   (self.presence_penalty or self.frequency_penalty or repeat) else
-                   "it does not yet check drafts against a grammar" if self.grammar is not None else None)
-            if why:
-                raise InfernoError(f"speculative decoding cannot run here: {why}, or turn it off",
-                                   params=("speculative",))
 
 
 @dataclass

@@ -178,6 +178,8 @@ FENCED = [
     ('{"a": "`"}', '{"a": "`"}'),
     ('{"a": 1}', '{"a": 1}'),
     ('```json\n{"a": "cut here  `', '{"a": "cut here  `'),  # cut by max_tokens: the text as it came
+    ('```json\n{"a": "cut ```', '{"a": "cut ```'),  # backticks in a string, not a fence
+    ('```json\n{"a": 1}\n``', '{"a": 1}'),  # cut inside the closing fence
     ('```js', ''),  # cut inside the opening: nothing of it
     ('', ''),
 ]

@@ -67,7 +67,7 @@ class DecodeRows:
     ids: np.ndarray  # int64: each sequence's last sampled token, fed now
     positions: np.ndarray  # int64: its position in the slot (the slot's length before the step)
     slots: np.ndarray  # int64: each sequence's KV cache slot
-    temperature: np.ndarray  # the sampling settings, as model.sampling.SamplingParams has them
+    temperature: np.ndarray  # the sampling settings, as inferno.sampling.SamplingParams has them
     top_k: np.ndarray
     top_p: np.ndarray
     min_p: np.ndarray

@@ -69,7 +69,7 @@ class Request(BaseModel):
     json_schema: dict | None = None
     grammar: str | None = None
     # inferno's: speculative decoding's most tokens drafted a step (0: none), over the server's
-    # --draft-max; refused with the reason where it cannot run (penalties, a grammar)
+    # --spec-type / --draft-max
     speculative: int | None = Field(None, ge=0)
 
     def check_supported(self) -> None:
@@ -94,7 +94,7 @@ class Request(BaseModel):
                 grammar=None, tool_format: str | None = None, speculative: int = 0) -> Options:
         """The sampler settings: what the request sets, over the model's defaults (its
         generation config, else llama.cpp's), as vLLM and llama.cpp's server do. `speculative`:
-        the server's drafts (--spec-type), taken where the request can speculate."""
+        the server's drafts (--spec-type), unless the request sets its own."""
         bias = []
         for key, value in (self.logit_bias or {}).items():
             if not key.lstrip("-").isdigit() or not -100 <= value <= 100:
@@ -105,9 +105,6 @@ class Request(BaseModel):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if self.speculative is not None:
             speculative = self.speculative
-        elif (grammar is not None or self.presence_penalty or self.frequency_penalty
-              or sampling.repeat_penalty != 1.0):
-            speculative = 0  # the server's default, where this request cannot take it
         return Options(max_tokens=max_tokens, sampling=sampling, stop=stop,
                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                        logit_bias=tuple(bias), logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar,

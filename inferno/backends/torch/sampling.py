@@ -44,7 +44,7 @@ def adjust(logits, bias, counts, presence, frequency, allowed, constrained):
 
 
 def first_of(x, edge, n):
-    """model.sampling.first_of for each row: every value above the row's edge, and of those
+    """inferno.sampling.first_of for each row: every value above the row's edge, and of those
     equal to it the lowest ids, up to n in all. x [B, V]; edge, n [B, 1]."""
     tie = x == edge
     room = n - (x > edge).sum(-1, keepdim=True)
