@@ -155,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(c)
     add_sampling_args(c)
     c.add_argument("--verbose", "-v", action="store_true", help="print stats after each reply")
+    add_spec_args(c)
     c.set_defaults(func=cmd_chat)
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching",
@@ -377,7 +378,7 @@ def cmd_chat(args) -> int:
     engine = load_engine(args)
     try:
         return run_chat(engine, system=args.system, think=not args.no_think, verbose=args.verbose,
-                        format_stats=format_stats, **sampling_options(args))
+                        format_stats=format_stats, speculative=speculative(args), **sampling_options(args))
     finally:
         engine.close()
 

@@ -174,3 +174,19 @@ def test_the_cli_refuses_what_cannot_run_before_loading(flags, message):
     p = subprocess.run([sys.executable, "-m", "inferno", "generate", "-m", "no-such-model", "-p", "hi",
                         "--spec-type", "ngram", *flags], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and message in p.stderr and "load:" not in p.stderr
+
+
+def test_chat_turns_with_drafts_give_the_same_replies(engine):
+    """inferno chat's loop (a Session across turns, its prefix reused) with drafts."""
+    import io
+
+    from inferno.chat import run_chat
+
+    turns = PROMPTS[0] + "\nNow repeat its first sentence only.\n"
+    outs = []
+    for k in (0, 8):
+        out, err = io.StringIO(), io.StringIO()
+        run_chat(engine, stdin=io.StringIO(turns), stdout=out, stderr=err, max_tokens=60, temperature=0,
+                 speculative=k)
+        outs.append(out.getvalue())
+    assert outs[0] == outs[1] and "Rhine" in outs[1]
