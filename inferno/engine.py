@@ -234,9 +234,10 @@ class Engine:
         result.logprobs. `json_schema` (a JSON Schema, as a dict or JSON text) or `grammar`
         (GBNF, as llama.cpp takes it) constrains the reply: every token is masked to what the
         grammar allows, so a complete reply always parses. `speculative` k drafts up to k tokens
-        a step by prompt lookup (draft.py) and checks them in the step's one forward pass: at
-        temperature 0 the same text, in fewer steps where the reply repeats its prompt (on
-        backends whose products are batch-invariant, simd and pool, the same bits too).
+        a step by prompt lookup (draft.py) and checks them in the step's one forward pass: the
+        tokens are taken as plain steps take them (sampling, penalties, stops and grammar alike),
+        in fewer steps where the reply repeats its prompt; on backends whose products are
+        batch-invariant (simd, pool) the same text as without, greedy or seeded.
         With a `session`, the KV cache of
         earlier calls is reused for the prompt's shared prefix. This runs the same generation
         loop as the server (scheduler.py), with this one sequence in it."""

@@ -339,9 +339,11 @@ class Scheduler:
             self._wrote(seq, seg)
             if not seq.prefilling:
                 sampling.append((seq, seg, row))
-        masks = self._masks([seq for seq, *_ in sampling], events)
+        # (A sequence with a draft to check fills its own masks, row by row, in _verify.)
+        masks = iter(self._masks([seq for seq, seg, _ in sampling if not seg.every_row], events))
         picks = []
-        for (seq, seg, row), mask in zip(sampling, masks):
+        for seq, seg, row in sampling:
+            mask = None if seg.every_row else next(masks)
             if seq.finished:  # its grammar failed
                 continue
             try:
