@@ -1,6 +1,7 @@
 """Batch invariance on the Numba backends (issue 41): a row's result is the same bit for bit
 whatever rows share its step. The legacy kinds' products (one row, a few, a prefill's GEMM) sum
-in one order; attention reads every row of a cached step as decode does. So a prompt's logits do
+in one order, and so do the K-quants' (qdot.k_tail: one row, a few, qgemm's and kpanels'
+panels); attention reads every row of a cached step as decode does. So a prompt's logits do
 not depend on how it was cut into chunks, how much of it a cache held, what it was batched with,
 or how many threads ran it."""
 
@@ -11,11 +12,13 @@ import pytest
 
 import inferno
 from inferno.backends import create_backend
+from inferno.backends.numba import kpanels
 from inferno.model.decoder import Segment
 from inferno.loading.resolve import resolve
 from tests.qblocks import random_blocks
 
 LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+K_QUANTS = ["Q4_K", "Q5_K", "Q6_K", "Q4_KX8"]
 
 
 def _legacy_backends():
@@ -42,6 +45,36 @@ def test_a_rows_product_does_not_depend_on_its_company(kind):
                 np.testing.assert_array_equal(ops.linear(x[:b], w), alone[:b], err_msg=f"{ops.name}, {b} rows")
         wide = [random_blocks(kind, 96, cols, seed=7), w]
         for b in (1, 3, 5, 40):  # q/k/v and gate/up: one launch, or the rows rounded once
+            for got, one in zip(pool.linear_many(x[:b], wide), (simd.linear(x[:b], v) for v in wide)):
+                np.testing.assert_array_equal(got, one)
+    simd.close()
+    pool.close()
+
+
+@pytest.mark.parametrize("outliers", [False, True], ids=["one-int8-row", "remainder-row"])
+@pytest.mark.parametrize("kind", K_QUANTS)
+def test_a_k_quant_rows_product_does_not_depend_on_its_company(kind, outliers):
+    """As above for the K-quants with int8 activations, with and without the remainder row:
+    one row (qdot.k_rows), a few (k_few, four a pass), a prefill's panels (qgemm.k_gemm), and
+    Q4_K stored as panels (kpanels.p_rows, p_gemm; Q4_KX8), at widths on both sides of
+    GEMM_MIN_COLS; weight rows not a multiple of a panel's sixteen included."""
+    simd, pool = create_backend("simd"), create_backend("pool", threads=2)
+    if not simd.int8_activations:
+        pytest.skip("this CPU takes the K-quants' activations in float32 (no AVX2)")
+    rng = np.random.default_rng(2)
+    for rows, cols in ((200, 512), (72, 1024)):
+        w = random_blocks(kind.replace("X8", ""), rows, cols, seed=rows)
+        w.outlier_inputs = outliers
+        if kind == "Q4_KX8":
+            w = kpanels.repack(w)
+        x = (rng.standard_normal((40, cols)) * rng.choice([0.01, 1, 30], (40, 1))).astype(np.float32)
+        alone = np.concatenate([simd.linear(x[i:i + 1], w) for i in range(40)])
+        for ops in (simd, pool):
+            for b in (1, 2, 3, 4, 5, 9, 16, 17, 40):
+                np.testing.assert_array_equal(ops.linear(x[:b], w), alone[:b], err_msg=f"{ops.name}, {b} rows")
+        wide = [random_blocks("Q6_K", 48, cols, seed=7), w]
+        wide[0].outlier_inputs = outliers  # weights fused in one launch share their input
+        for b in (1, 3, 5, 40):
             for got, one in zip(pool.linear_many(x[:b], wide), (simd.linear(x[:b], v) for v in wide)):
                 np.testing.assert_array_equal(got, one)
     simd.close()
@@ -82,17 +115,11 @@ def smollm2_pool():
     engine.close()
 
 
-def test_a_prompts_logits_do_not_depend_on_the_cache_or_the_batch(smollm2_pool):
-    """The default model on the default backend: the last logits of a prompt prefilled whole,
-    after a cache of 1, 24 or n - 1 of its tokens, in three uneven chunks, or beside another
-    sequence's decode, are equal bit for bit (the issue's prefix-cache hits of 24 and 40 tokens
-    moved logprobs by 0.013 and flipped a greedy choice)."""
-    if not smollm2_pool.ops._legacy:
-        pytest.skip("this CPU takes the legacy kinds' activations in float32: not batch-invariant")
-    model, ops = smollm2_pool.model, smollm2_pool.ops
-    ids = np.asarray(smollm2_pool.encode_prompt("List three fruits as JSON, and say why each is a fruit."),
-                     np.int64)
-    n = ids.size
+def _assert_cut_invariant(engine, ids, mid):
+    """A prompt's last logits prefilled whole equal, bit for bit, those after a cache of 1, mid
+    or n - 1 of its tokens, in three uneven chunks, and beside another sequence's prefill and
+    decode."""
+    model, ops, n = engine.model, engine.ops, ids.size
 
     def last_logits(cuts, other=None):
         cache = model.new_cache(n + 8, slots=2)
@@ -105,6 +132,28 @@ def test_a_prompts_logits_do_not_depend_on_the_cache_or_the_batch(smollm2_pool):
         return out
 
     whole = last_logits([0, n])
-    for cuts in ([0, 1, n], [0, 24, n], [0, n - 1, n], [0, 7, 20, n]):
+    for cuts in ([0, 1, n], [0, mid, n], [0, n - 1, n], [0, mid // 3, mid + 1, n]):
         np.testing.assert_array_equal(last_logits(cuts), whole, err_msg=str(cuts))
-    np.testing.assert_array_equal(last_logits([0, 24, n - 1, n], other=ids[:9][::-1].copy()), whole)
+    np.testing.assert_array_equal(last_logits([0, mid, n - 1, n], other=ids[:9][::-1].copy()), whole)
+
+
+def test_a_prompts_logits_do_not_depend_on_the_cache_or_the_batch(smollm2_pool):
+    """The default model on the default backend (the issue's prefix-cache hits of 24 and 40
+    tokens moved logprobs by 0.013 and flipped a greedy choice)."""
+    if not smollm2_pool.ops._legacy:
+        pytest.skip("this CPU takes the legacy kinds' activations in float32: not batch-invariant")
+    ids = smollm2_pool.encode_prompt("List three fruits as JSON, and say why each is a fruit.")
+    _assert_cut_invariant(smollm2_pool, np.asarray(ids, np.int64), 24)
+
+
+def test_a_k_quant_models_logits_do_not_depend_on_the_cache_or_the_batch():
+    """The same for Gemma 3 270M Q4_K_M (Q4_K, Q6_K, Q5_0 and Q8_0 weights, sliding windows) on
+    pool."""
+    engine = inferno.load(str(resolve("gemma3-270m")), "pool", threads=2, progress=False)
+    try:
+        if not engine.ops.int8_activations:
+            pytest.skip("this CPU takes the K-quants' activations in float32 (no AVX2)")
+        ids = engine.tokenizer.encode("The chemical symbol for gold is Au, and for silver it is")
+        _assert_cut_invariant(engine, np.asarray(ids, np.int64), 5)
+    finally:
+        engine.close()

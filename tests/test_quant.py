@@ -47,14 +47,15 @@ def ops(request):
 @pytest.mark.parametrize("cols", [256, 576, 2048])
 def test_int8_activation_rows(two, cols):
     """qdot.quantize: each row's units of 256 (the last of 576 is 64), scale max|x| / 127 per
-    unit, every value within half a step of the last row's scale, the sums per 16 those of the
-    dequantised values; a zero unit gets scale 0."""
+    unit, every value within half a step of the last row's scale; a zero unit gets scale 0. The
+    integer sums per unit: lanes 0-7 zero, then per 32, then per 16, of x8 (and after all of
+    x8's, of r8), units past a short row's end zero."""
     rng = np.random.default_rng(cols)
     x = (rng.standard_normal((3, cols)) * 10.0 ** rng.integers(-3, 4, (3, 1))).astype(np.float32)
     x[1, :256] = 0.0
-    x8, r8, dx, dr, s16 = qdot.quantize(x, two)
+    x8, r8, dx, dr, isum = qdot.quantize(x, two)
     units = -(-cols // 256)
-    assert x8.shape == (3, cols) and dx.shape == (3, units) and s16.shape == (3, cols // 16)
+    assert x8.shape == (3, cols) and dx.shape == (3, units) and isum.shape == (3, 32 * units * (1 + two))
     assert (r8.shape, dr.shape) == (((3, cols), (3, units)) if two else ((0, cols), (0, units)))
     for u in range(units):
         amax = np.abs(x[:, 256 * u:256 * (u + 1)]).max(axis=1)
@@ -62,7 +63,13 @@ def test_int8_activation_rows(two, cols):
     assert dx[1, 0] == 0 and not x8[1, :256].any()
     deq, step = int8_activations(x, two)
     assert (np.abs(deq - x) <= step / 2 * (1 + 1e-6) + 1e-30).all()
-    assert np.allclose(s16, deq.reshape(3, -1, 16).sum(axis=2), rtol=1e-5, atol=1e-30)
+    for q, sums in ((x8, isum[:, :32 * units]),) + (((r8, isum[:, 32 * units:]),) if two else ()):
+        padded = np.zeros((3, 256 * units), np.int64)
+        padded[:, :cols] = q
+        sums = sums.reshape(3, units, 32)
+        assert not sums[:, :, :8].any()
+        assert np.array_equal(sums[:, :, 8:16], padded.reshape(3, units, 8, 32).sum(axis=3))
+        assert np.array_equal(sums[:, :, 16:], padded.reshape(3, units, 16, 16).sum(axis=3))
 
 
 @pytest.mark.parametrize("name", TYPES)

@@ -8,7 +8,8 @@ kind, where the backend takes those as int16 (`legacy`), through ldot.l_rows up 
 rows and lgemm's GEMM beyond; otherwise qkernels.rows_kernel (decode rows, a few rows or
 qgemm's panels), or sgemm on dequantised tiles for many rows of a kind without int8 products.
 So a row's result is the one a dense linear would give it: where the dense path is
-batch-invariant (the legacy kinds), so are the experts.
+batch-invariant (the legacy kinds with int16 activations, the K-quants with int8), so are the
+experts.
 
 The activations are quantized once for all the step's rows, then sliced per group (every
 quantity is per row). Jobs are (chunk of an expert's output rows, group), chunk-major: Numba

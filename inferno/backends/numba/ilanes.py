@@ -610,7 +610,7 @@ def fsum8(typingctx, v):
     return types.float32(f32x8), codegen
 
 
-# -- one order of arithmetic (the legacy kinds' products, batch-invariant: ldot.l_rows) ----------------
+# -- one order of arithmetic (batch-invariant products: ldot.l_rows, qdot.k_tail) ------------------------
 @intrinsic
 def fma8(typingctx, a, b, c):
     """a * b + c lane by lane, rounded once, never reassociated (lanes._exact_fma)."""
@@ -658,6 +658,42 @@ fload8 = _vector_load("fload8", f32x8, _F32, 8, 4, "The 8 float32 f[o:o + 8].")
 
 
 fstore8 = _vector_store("fstore8", f32x8, _F32, 8, 4, "f[o:o + 8] = v (8 float32).")
+
+
+@intrinsic
+def flane8(typingctx, v, i):
+    """Lane i of an f32x8 (i a constant where it matters: one extract)."""
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], _int(context, builder, args[1], sig.args[1]))
+    return types.float32(f32x8, i), codegen
+
+
+@intrinsic
+def fquad8(typingctx, a, b, c, d):
+    """(a, b, c, d, a, b, c, d) as an f32x8: four rows' scales, once for each half."""
+    def codegen(context, builder, sig, args):
+        v = ir.Constant(_F8, ir.Undefined)
+        for i in range(8):
+            x = context.cast(builder, args[i % 4], sig.args[i % 4], types.float32)
+            v = builder.insert_element(v, x, ir.Constant(_I32, i))
+        return v
+    return f32x8(a, b, c, d), codegen
+
+
+@intrinsic
+def fhigh4(typingctx, v):
+    """Lanes 4-7 of an f32x8 in lanes 0-3 (and 4-7)."""
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[0], ir.Constant(ir.VectorType(_I32, 8), [4, 5, 6, 7] * 2))
+    return f32x8(f32x8), codegen
+
+
+@intrinsic
+def isplat8(typingctx, x):
+    """The integer x in all 8 int32 lanes."""
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), _D)
+    return i32x8(x), codegen
 
 
 @intrinsic

@@ -27,8 +27,8 @@ The nibbles are the file's own bytes, 4-byte words transposed across the eight r
 rounded, so the panels multiply the same integers as qdot's and qgemm's kernels: a row's result
 agrees with theirs up to float32 rounding, whether it came alone, in a batch or in a prefill.
 
-A row's result, with x' = dx qx + dr rx and S_g the sum of x' over group g:
-  sum_u [ d (dx sum_g sc_g (q . qx)_g + dr sum_g sc_g (q . rx)_g) - dmin sum_g m_g S_g ].
+A row's result is the sum over super-blocks of qdot.k_tail's four terms, from the same integers
+in the same order with the same roundings as qdot's and qgemm's kernels: the same bits as theirs.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ import numpy as np
 from inferno.backends.numba import qgemm
 from inferno.backends.numba.dense import FAST
 from inferno.backends.numba.ilanes import (
-    bbits, bhigh, bload, bsplat4, bstore, bstore_columns, dpbusd, ffma8, fhalf8, fmul8, fsplat8,
-    fstore8, fzero8, iadd, ifloat, iload_u8, imul, izero,
+    bbits, bhigh, bload, bsplat4, bstore, bstore_columns, dpbusd, fhalf8, fma8, fmul8, fsplat8,
+    fstore8, fzero8, iadd, ifloat, iload_u8, imul, isplat8, izero,
 )
 from inferno.backends.numba.lanes import f16at, prefetch_l2, target_cpu
-from inferno.backends.numba.qdot import NO, Q4_K_BYTES, QK, YES
+from inferno.backends.numba.qdot import NO, Q4_K_BYTES, QK, SUMS, YES
 from inferno.formats.quant import QuantTensor
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
@@ -160,22 +160,29 @@ def _scaled(f, q, qb, x8, xo, sm, smb, j, s, sb):
 
 
 @inline
-def _unit_end(f, rec, sm, s, t, s16, dx, dr, b, u, two, acc):
-    """acc + one panel's super-block: its integer sums (s; t of the remainder row) times d and
-    the activations' scales, less dmin times its mins against the groups' activation sums."""
-    mins = fzero8()
+def _unit_end(f, rec, sm, s, t, isum, dx, dr, b, u, two, acc):
+    """acc + one panel's super-block for activation row b: its integer sums (s; t of the
+    remainder row), and the mins against the groups' int8 sums (m, n), as qdot.k_tail adds them."""
+    at = SUMS * u + 8
+    rest = isum.shape[1] // 2
+    m, n = izero(), izero()
     for g in range(8):
-        xsum = s16[b, 16 * u + 2 * g] + s16[b, 16 * u + 2 * g + 1]
-        mins = ffma8(ifloat(iload_u8(sm, 64 + 8 * g)), fsplat8(xsum), mins)
-    d = fhalf8(f, rec)
-    acc = ffma8(ifloat(s), fmul8(d, fsplat8(dx[b, u])), acc)
+        mins = iload_u8(sm, 64 + 8 * g)
+        m = iadd(m, imul(mins, isplat8(isum[b, at + g])))
+        if two:
+            n = iadd(n, imul(mins, isplat8(isum[b, rest + at + g])))
+    d, o = fhalf8(f, rec), fmul8(fhalf8(f, rec + 16), fsplat8(np.float32(-1.0)))
+    acc = fma8(ifloat(s), fmul8(d, fsplat8(dx[b, u])), acc)
     if two:
-        acc = ffma8(ifloat(t), fmul8(d, fsplat8(dr[b, u])), acc)
-    return ffma8(mins, fmul8(fhalf8(f, rec + 16), fsplat8(np.float32(-1.0))), acc)
+        acc = fma8(ifloat(t), fmul8(d, fsplat8(dr[b, u])), acc)
+    acc = fma8(ifloat(m), fmul8(o, fsplat8(dx[b, u])), acc)
+    if two:
+        acc = fma8(ifloat(n), fmul8(o, fsplat8(dr[b, u])), acc)
+    return acc
 
 
 @jit
-def _panel_pair(two, f, ra, rb_, units, sm, smb, x8, r8, dx, dr, s16, b):
+def _panel_pair(two, f, ra, rb_, units, sm, smb, x8, r8, dx, dr, isum, b):
     """Two panels (their first records at bytes ra and rb_) against activation row b: sixteen
     rows' results, two streams of weights read side by side."""
     n = x8.shape[1]
@@ -196,13 +203,13 @@ def _panel_pair(two, f, ra, rb_, units, sm, smb, x8, r8, dx, dr, s16, b):
             s, sb = _scaled(f, q, qb, x8, xo + 64 * j, sm, smb, j, s, sb)
             if two:
                 t, tb = _scaled(f, q, qb, r8, xo + 64 * j, sm, smb, j, t, tb)
-        acc = _unit_end(f, rec, sm, s, t, s16, dx, dr, b, u, two, acc)
-        accb = _unit_end(f, recb, smb, sb, tb, s16, dx, dr, b, u, two, accb)
+        acc = _unit_end(f, rec, sm, s, t, isum, dx, dr, b, u, two, acc)
+        accb = _unit_end(f, recb, smb, sb, tb, isum, dx, dr, b, u, two, accb)
     return acc, accb
 
 
 @jit
-def _p_rows(two, w, x8, r8, dx, dr, s16, out, r0, r1):
+def _p_rows(two, w, x8, r8, dx, dr, isum, out, r0, r1):
     """p_rows with `two` a literal."""
     f = w.reshape(-1)
     rb = w.shape[1]
@@ -213,7 +220,7 @@ def _p_rows(two, w, x8, r8, dx, dr, s16, out, r0, r1):
     while p < p1:
         pb = min(p + 1, p1 - 1)  # an odd last panel is paired with itself
         for b in range(x8.shape[0]):
-            acc, accb = _panel_pair(two, f, P * p * rb, P * pb * rb, units, sm, smb, x8, r8, dx, dr, s16, b)
+            acc, accb = _panel_pair(two, f, P * p * rb, P * pb * rb, units, sm, smb, x8, r8, dx, dr, isum, b)
             fstore8(lanes, 0, acc)
             fstore8(lanes, P, accb)
             for i in range(max(r0 - P * p, 0), min(r1 - P * p, P * (pb - p + 1))):
@@ -222,20 +229,20 @@ def _p_rows(two, w, x8, r8, dx, dr, s16, out, r0, r1):
 
 
 @jit
-def p_rows(w, x8, r8, dx, dr, s16, out, r0, r1):
+def p_rows(w, x8, r8, dx, dr, isum, out, r0, r1):
     """out[b, r] = w[r] . x'[b] for rows r0..r1 of a panelled weight w and every activation row
     b that qdot.quantize wrote (decode, or the few of a server's step): each row's product is
     computed alike however many come with it. Whole panels are read; only rows r0..r1 are
     written."""
     if dr.shape[0] > 0:
-        _p_rows(YES, w, x8, r8, dx, dr, s16, out, r0, r1)
+        _p_rows(YES, w, x8, r8, dx, dr, isum, out, r0, r1)
     else:
-        _p_rows(NO, w, x8, r8, dx, dr, s16, out, r0, r1)
+        _p_rows(NO, w, x8, r8, dx, dr, isum, out, r0, r1)
 
 
 # -- prefill: qgemm's panels, unpacked from the stored ones ----------------------------------------------
 @jit
-def unpack_panel(f, rec0, units, pq, psc, pd, pm, sm, half):
+def unpack_panel(f, rec0, units, pq, psc, pd, pm, po, sm, half):
     """The stored panel at byte rec0 as half `half` (rows 8 half..) of qgemm's (pq, psc, pd, pm):
     its nibbles split into bytes, in qgemm's step order (step 64 u + 8 g + t holds the quads of
     weights 4t.. of group g)."""
@@ -252,14 +259,14 @@ def unpack_panel(f, rec0, units, pq, psc, pd, pm, sm, half):
         for i in range(P):
             r = P * half + i
             pd[rows * u + r] = f16at(f, rec + 2 * i)
-            dmin = f16at(f, rec + 16 + 2 * i)
+            po[rows * u + r] = -f16at(f, rec + 16 + 2 * i)
             for g in range(8):
                 psc[(8 * u + g) * rows + r] = sm[8 * g + i]
-                pm[(8 * u + g) * rows + r] = -dmin * np.float32(sm[64 + 8 * g + i])
+                pm[qgemm.pm_at(u, g, r)] = sm[64 + 8 * g + i]
 
 
 @jit
-def p_gemm(w, x8, r8, dx, dr, s16, out, r0, r1):
+def p_gemm(w, x8, r8, dx, dr, isum, out, r0, r1):
     """As qgemm.k_gemm, for a panelled weight: sixteen rows at a time unpacked into one of
     qgemm's panels (no transpose: the stored panels already are interleaved), then the same
     passes. Rows r0..r1 that do not start or end on a panel go through p_rows."""
@@ -268,20 +275,20 @@ def p_gemm(w, x8, r8, dx, dr, s16, out, r0, r1):
     units = rb // Q4_K_BYTES
     a0, a1 = min(-(-r0 // P) * P, r1), max(r1 // P * P, r0)
     if a0 >= a1:
-        p_rows(w, x8, r8, dx, dr, s16, out, r0, r1)
+        p_rows(w, x8, r8, dx, dr, isum, out, r0, r1)
         return
     if r0 < a0:
-        p_rows(w, x8, r8, dx, dr, s16, out, r0, a0)
+        p_rows(w, x8, r8, dx, dr, isum, out, r0, a0)
     if a1 < r1:
-        p_rows(w, x8, r8, dx, dr, s16, out, a1, r1)
+        p_rows(w, x8, r8, dx, dr, isum, out, a1, r1)
     p = qgemm.buffers(units)
     sm = np.empty(128, np.uint8)
     for p0 in range(a0, a1, qgemm.ROWS):
         n = min(qgemm.ROWS, a1 - p0)
-        unpack_panel(f, p0 * rb, units, p[0], p[1], p[2], p[3], sm, 0)
+        unpack_panel(f, p0 * rb, units, p[0], p[1], p[2], p[3], p[4], sm, 0)
         if n > P:  # else the second half's lanes hold the last panel's rows, computed and dropped
-            unpack_panel(f, (p0 + P) * rb, units, p[0], p[1], p[2], p[3], sm, 1)
-        qgemm.passes(Q4_K_BYTES, p, units, x8, r8, dx, dr, s16, out, p0, n)
+            unpack_panel(f, (p0 + P) * rb, units, p[0], p[1], p[2], p[3], p[4], sm, 1)
+        qgemm.passes(Q4_K_BYTES, p, units, x8, r8, dx, dr, isum, out, p0, n)
 
 
 # -- the weight -----------------------------------------------------------------------------------------

@@ -127,6 +127,16 @@ def vfma_exact(typingctx, a, b, c):
 
 
 @intrinsic
+def sfma(typingctx, a, b, c):
+    """a * b + c for three float32 scalars, rounded once, never reassociated: the scalar spelling
+    of `vfma_exact`, so a kernel that sums one row at a time matches one that sums a row per lane."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
+        return builder.call(fn, [context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args)])
+    return types.float32(a, b, c), codegen
+
+
+@intrinsic
 def vsum(typingctx, v):
     """The sum of the 16 lanes (a reassociated tree reduction)."""
     def codegen(context, builder, sig, args):

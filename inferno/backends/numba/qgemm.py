@@ -35,13 +35,14 @@ Panel layout, per super-block u of the sixteen rows:
        (unsigned: Q4_K's 0..15, Q5_K's 0..31, Q6_K's 0..63) at bytes 64 (64 u + t) + 32 h + 4 i;
   psc: int32 [groups][16]: each group's integer scale per row (Q4_K's and Q5_K's 6-bit sc, Q6_K's int8);
   pd:  float32 [16]: each row's d;
-  pm:  float32 [groups][16]: what the sum of a group's dequantized activations is multiplied by
-       and added: Q4_K's and Q5_K's -dmin m, Q6_K's -32 d sc (its weights are q - 32).
-A row's result is then, with x' = dx qx + dr rx and S_g the sum of x' over group g (from
-qdot.quantize_rows' sums of 16):
-  sum_u d_u (dx_u sum_g sc_g (q . qx)_g + dr_u sum_g sc_g (q . rx)_g) + sum_u sum_g pm_g S_g,
-the same integers as qdot's kernels sum, so the two agree up to float32 rounding: a row's
-logits do not depend on whether it came in a prefill (here) or alone (qdot.k_rows).
+  pm:  int16 [8 pairs][16][2]: what each group's (Q6_K: run's) sum of the int8 activations is
+       multiplied by, two groups a lane: Q4_K's and Q5_K's mins, Q6_K's scales;
+  po:  float32 [16]: each row's offset factor, Q4_K's and Q5_K's -dmin, Q6_K's -32 d (its
+       weights are q - 32).
+A row's result is then the sum over super-blocks of qdot.k_tail's four terms, from the same
+integers as qdot's kernels sum (s and t here, m and n at the super-block's end, `offsets`), in
+the same order with the same roundings: a row's logits are the same bits whether it came in a
+prefill (here) or alone (qdot.k_rows).
 """
 
 from __future__ import annotations
@@ -51,12 +52,13 @@ import numpy as np
 
 from inferno.backends.numba.dense import FAST
 from inferno.backends.numba.ilanes import (
-    _vnni, bbits, bhigh, bload, bstore_columns, dpbusd, fast_int_dot, iadd, ifloat, imul, maddubs,
-    maddwd, wadd, wdup, zbload, zbsplat4, ziload, zizero, zmm_registers, zwzero,
+    _vnni, bbits, bhigh, bload, bstore_columns, dpbusd, dpwssd, fast_int_dot, iadd, ifloat, imul,
+    maddubs, maddwd, wadd, wdup, zbload, zbsplat4, zhload, zhsplat2, ziload, zizero, zmm_registers,
+    zwzero,
 )
-from inferno.backends.numba.lanes import f16at, vfma, vload, vmul, vsplat, vstore, vzero
+from inferno.backends.numba.lanes import f16at, vfma_exact, vload, vmul, vsplat, vstore, vzero
 from inferno.backends.numba.qdot import (
-    FOUR, NO, ONE, Q5_K_BYTES, Q6_K_BYTES, QK, TWO_ROWS, YES, q6k_weights,
+    FOUR, NO, ONE, Q5_K_BYTES, Q6_K_BYTES, QK, SUMS, TWO_ROWS, YES, q6k_weights, remainder_scale,
 )
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
@@ -66,7 +68,8 @@ P = 8  # weight rows per transposed block: one int32 lane of a 256-bit half each
 ROWS = 2 * P  # weight rows per panel: one int32 lane of a 512-bit vector each
 STEP_BYTES = 4 * ROWS  # one step: every row's four weights
 STEPS = QK // 4  # dpbusd steps per super-block
-RUNS = QK // 16  # runs of 16 activations per super-block (qdot's sums)
+RUNS = QK // 16  # runs of 16 activations per super-block
+PAIRS = RUNS // 2  # int16 pairs of pm per super-block (Q4_K and Q5_K use the first four)
 # Without VNNI, int16 sums (see `step`), fixed when the kernels compile, as ilanes' choice is.
 WIDE = not (fast_int_dot() and _vnni())
 # Activation rows per pass: a row's sums take three 512-bit vectors (five with its remainder
@@ -81,9 +84,16 @@ _sums_zero = zwzero if WIDE else zizero
 
 @jit
 def buffers(units):
-    """Scratch for one panel of `units` super-blocks: (pq, psc, pd, pm)."""
+    """Scratch for one panel of `units` super-blocks: (pq, psc, pd, pm, po)."""
     return (np.empty(units * STEPS * STEP_BYTES, np.uint8), np.empty(units * RUNS * ROWS, np.int32),
-            np.empty(units * ROWS, np.float32), np.empty(units * RUNS * ROWS, np.float32))
+            np.empty(units * ROWS, np.float32), np.empty(units * PAIRS * ROWS * 2, np.int16),
+            np.empty(units * ROWS, np.float32))
+
+
+@inline
+def pm_at(u, g, i):
+    """Where group (run) g's factor of row i sits in pm, in super-block u."""
+    return 2 * (ROWS * (PAIRS * u + g // 2) + i) + g % 2
 
 
 # -- packing -------------------------------------------------------------------------------------------
@@ -99,26 +109,27 @@ def q4k_scale_min(f, o, g):
 
 
 @jit
-def pack_q4k_scales(f, o, u, i, psc, pd, pm):
+def pack_q4k_scales(f, o, u, i, psc, pd, pm, po):
     """The scales of the Q4_K or Q5_K super-block at byte o as super-block u of panel row i."""
     pd[ROWS * u + i] = f16at(f, o)
-    dmin = f16at(f, o + 2)
+    po[ROWS * u + i] = -f16at(f, o + 2)
     for g in range(8):
         sc, m = q4k_scale_min(f, o + 4, g)
         psc[(8 * u + g) * ROWS + i] = sc
-        pm[(8 * u + g) * ROWS + i] = -dmin * np.float32(m)
+        pm[pm_at(u, g, i)] = m
 
 
 @jit
-def pack_q6k_scales(f, o, u, i, psc, pd, pm):
+def pack_q6k_scales(f, o, u, i, psc, pd, pm, po):
     """The scales of the Q6_K super-block at byte o (128 bytes of low nibbles, 64 of high bits,
     16 int8 scales, f16 d) as super-block u of panel row i."""
     d = f16at(f, o + 208)
     pd[ROWS * u + i] = d
+    po[ROWS * u + i] = np.float32(-32.0) * d
     for s in range(16):
         sc = np.int32(np.int8(f[o + 192 + s]))
         psc[(16 * u + s) * ROWS + i] = sc
-        pm[(16 * u + s) * ROWS + i] = np.float32(-32.0) * d * np.float32(sc)
+        pm[pm_at(u, s, i)] = sc
 
 
 @jit
@@ -165,15 +176,15 @@ def pack_q6k_weights(f, o, rb, u, pq, half):
 
 
 @jit
-def pack_rows(ub, f, o, rb, pq, psc, pd, pm):
+def pack_rows(ub, f, o, rb, pq, psc, pd, pm, po):
     """The sixteen rows of f at bytes o, o + rb, .. (Q4_K, Q5_K or Q6_K; ub its bytes) as one
     panel."""
     for u in range(rb // ub):
         for i in range(ROWS):
             if ub == Q6_K_BYTES:
-                pack_q6k_scales(f, o + i * rb + ub * u, u, i, psc, pd, pm)
+                pack_q6k_scales(f, o + i * rb + ub * u, u, i, psc, pd, pm, po)
             else:
-                pack_q4k_scales(f, o + i * rb + ub * u, u, i, psc, pd, pm)
+                pack_q4k_scales(f, o + i * rb + ub * u, u, i, psc, pd, pm, po)
         for half in range(2):
             if ub == Q6_K_BYTES:
                 pack_q6k_weights(f, o + P * half * rb + ub * u, rb, u, pq, half)
@@ -182,19 +193,19 @@ def pack_rows(ub, f, o, rb, pq, psc, pd, pm):
 
 
 @jit
-def pack(ub, w, p0, n, pq, psc, pd, pm, pad):
+def pack(ub, w, p0, n, pq, psc, pd, pm, po, pad):
     """Rows p0..p0 + n (n <= 16) of w as one panel. A short one goes through `pad` (sixteen rows
     of scratch) with zero bytes past its rows: their weights, scales and d are all zero, so their
     lanes are computed and dropped."""
     f = w.reshape(-1)
     rb = w.shape[1]
     if n == ROWS:
-        pack_rows(ub, f, p0 * rb, rb, pq, psc, pd, pm)
+        pack_rows(ub, f, p0 * rb, rb, pq, psc, pd, pm, po)
     else:
         pad[:] = 0
         for i in range(n * rb):  # (a loop: a slice assignment's shape check compiles its message)
             pad[i] = f[p0 * rb + i]
-        pack_rows(ub, pad, 0, rb, pq, psc, pd, pm)
+        pack_rows(ub, pad, 0, rb, pq, psc, pd, pm, po)
 
 
 # -- a panel against activation rows ------------------------------------------------------------------
@@ -242,20 +253,31 @@ def scaled(g, sc, s):
 
 
 @inline
-def unit_end(f, s, d, dxs, drs, two):
-    """f + a super-block's scaled sums times d and the activations' scales."""
-    f = vfma(ifloat(s[0]), vmul(d, vsplat(dxs)), f)
-    if two:
-        f = vfma(ifloat(s[1]), vmul(d, vsplat(drs)), f)
-    return f
+def offsets(ub, pm, isum, b, u, two):
+    """Activation row b's (m, n) against the panel's sixteen rows in super-block u (qdot.k_tail):
+    its int8 sums per group (Q6_K: per run), two at a time, times the rows' mins (scales)."""
+    at = b * isum.shape[1] + SUMS * u + (16 if ub == Q6_K_BYTES else 8)
+    rest = isum.shape[1] // 2  # where the remainder row's sums start
+    m, n = zizero(), zizero()
+    for j in range(PAIRS if ub == Q6_K_BYTES else PAIRS // 2):
+        factors = zhload(pm, 2 * ROWS * (PAIRS * u + j))
+        m = dpwssd(m, factors, zhsplat2(isum, at + 2 * j))
+        if two:
+            n = dpwssd(n, factors, zhsplat2(isum, at + rest + 2 * j))
+    return m, n
 
 
 @inline
-def group_sum(ub, s16, b, u, g):
-    """The sum of the dequantized activations of row b over group g of super-block u."""
-    if ub == Q6_K_BYTES:
-        return s16[b, RUNS * u + g]
-    return s16[b, RUNS * u + 2 * g] + s16[b, RUNS * u + 2 * g + 1]
+def unit_end(ub, f, s, pm, isum, b, u, d, o, dxs, drs, two):
+    """f + a super-block's terms for activation row b (qdot.k_tail's order and roundings)."""
+    m, n = offsets(ub, pm, isum, b, u, two)
+    f = vfma_exact(ifloat(s[0]), vmul(d, vsplat(dxs)), f)
+    if two:
+        f = vfma_exact(ifloat(s[1]), vmul(d, vsplat(drs)), f)
+    f = vfma_exact(ifloat(m), vmul(o, vsplat(dxs)), f)
+    if two:
+        f = vfma_exact(ifloat(n), vmul(o, vsplat(drs)), f)
+    return f
 
 
 # A block: up to four activation rows' state (rows of them live; LLVM drops the others), so that
@@ -286,29 +308,15 @@ def block_scaled(G, sc, S, rows):
 
 
 @inline
-def block_offset(ub, F, m, s16, b, u, g, rows):
-    """F + the group's mins (Q6_K: its -32 offset) times each row's sum of its dequantized
-    activations over the group."""
+def block_end(ub, F, S, pm, isum, d, o, dx, dr, b, u, rows, two):
+    """F + the super-block's terms for the block's rows."""
     fa, fb, fc, fd = F
-    fa = vfma(m, vsplat(group_sum(ub, s16, b, u, g)), fa)
+    fa = unit_end(ub, fa, S[0], pm, isum, b, u, d, o, dx[b, u], remainder_scale(dr, b, u, two), two)
     if rows >= 2:
-        fb = vfma(m, vsplat(group_sum(ub, s16, b + 1, u, g)), fb)
+        fb = unit_end(ub, fb, S[1], pm, isum, b + 1, u, d, o, dx[b + 1, u], remainder_scale(dr, b + 1, u, two), two)
     if rows >= 3:
-        fc = vfma(m, vsplat(group_sum(ub, s16, b + 2, u, g)), fc)
-        fd = vfma(m, vsplat(group_sum(ub, s16, b + 3, u, g)), fd)
-    return fa, fb, fc, fd
-
-
-@inline
-def block_end(F, S, d, dx, dr, b, u, rows, two):
-    """F + the super-block's scaled sums of the block's rows, times d and their scales."""
-    fa, fb, fc, fd = F
-    fa = unit_end(fa, S[0], d, dx[b, u], dr[b, u] if two else 0.0, two)
-    if rows >= 2:
-        fb = unit_end(fb, S[1], d, dx[b + 1, u], dr[b + 1, u] if two else 0.0, two)
-    if rows >= 3:
-        fc = unit_end(fc, S[2], d, dx[b + 2, u], dr[b + 2, u] if two else 0.0, two)
-        fd = unit_end(fd, S[3], d, dx[b + 3, u], dr[b + 3, u] if two else 0.0, two)
+        fc = unit_end(ub, fc, S[2], pm, isum, b + 2, u, d, o, dx[b + 2, u], remainder_scale(dr, b + 2, u, two), two)
+        fd = unit_end(ub, fd, S[3], pm, isum, b + 3, u, d, o, dx[b + 3, u], remainder_scale(dr, b + 3, u, two), two)
     return fa, fb, fc, fd
 
 
@@ -321,10 +329,10 @@ def block_store(lanes, at, F):
 
 
 @jit
-def panel(ub, rows, two, p, units, x8, r8, dx, dr, s16, out, b, p0, n):
+def panel(ub, rows, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n):
     """out[b..b + rows, p0..p0 + n] = the rows of panel p (n <= 16) against activation rows
     b..b + rows (rows 1, 2, 4 or 8 and two literals): one block of them, or two."""
-    q, sc_, d_, m_ = p
+    q, sc_, d_, pm, o_ = p
     groups = 16 if ub == Q6_K_BYTES else 8
     steps = STEPS // groups
     cols = x8.shape[1]
@@ -337,7 +345,7 @@ def panel(ub, rows, two, p, units, x8, r8, dx, dr, s16, out, b, p0, n):
             st0 = STEPS * u + steps * g
             k = b * cols + QK * u + 4 * steps * g
             o = (groups * u + g) * ROWS
-            sc, m = ziload(sc_, o), vload(m_, o)
+            sc = ziload(sc_, o)
             c = chunk(ub) if WIDE else steps
             for t0 in range(0, steps, c):
                 G = K = (z, z, z, z)
@@ -348,13 +356,10 @@ def panel(ub, rows, two, p, units, x8, r8, dx, dr, s16, out, b, p0, n):
                 S = block_scaled(G, sc, S, lo)
                 if hi > 0:
                     T = block_scaled(K, sc, T, hi)
-            F = block_offset(ub, F, m, s16, b, u, g, lo)
-            if hi > 0:
-                H = block_offset(ub, H, m, s16, b + 4, u, g, hi)
-        d = vload(d_, ROWS * u)
-        F = block_end(F, S, d, dx, dr, b, u, lo, two)
+        d, off = vload(d_, ROWS * u), vload(o_, ROWS * u)
+        F = block_end(ub, F, S, pm, isum, d, off, dx, dr, b, u, lo, two)
         if hi > 0:
-            H = block_end(H, T, d, dx, dr, b + 4, u, hi, two)
+            H = block_end(ub, H, T, pm, isum, d, off, dx, dr, b + 4, u, hi, two)
     lanes = np.empty(8 * ROWS, np.float32)
     block_store(lanes, 0, F)
     block_store(lanes, 4 * ROWS, H)
@@ -364,16 +369,16 @@ def panel(ub, rows, two, p, units, x8, r8, dx, dr, s16, out, b, p0, n):
 
 
 @jit
-def _pass(ub, rows, two, p, units, x8, r8, dx, dr, s16, out, b, p0, n):
+def _pass(ub, rows, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n):
     """panel with `two` made a literal (rows already is one)."""
     if two:
-        panel(ub, rows, YES, p, units, x8, r8, dx, dr, s16, out, b, p0, n)
+        panel(ub, rows, YES, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
     else:
-        panel(ub, rows, NO, p, units, x8, r8, dx, dr, s16, out, b, p0, n)
+        panel(ub, rows, NO, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
 
 
 @jit
-def passes(ub, p, units, x8, r8, dx, dr, s16, out, p0, n):
+def passes(ub, p, units, x8, r8, dx, dr, isum, out, p0, n):
     """out[:, p0..p0 + n] = the packed panel p against every activation row: eight at a time where
     there are 32 vector registers (`DEEP`), four, then two, then one; with remainder rows, whose
     sums need registers of their own, four (`DEEP`) or two at a time, then one."""
@@ -381,20 +386,20 @@ def passes(ub, p, units, x8, r8, dx, dr, s16, out, p0, n):
     two = dr.shape[0] > 0
     b = 0
     while DEEP and b + 8 <= B and not two:
-        _pass(ub, EIGHT, two, p, units, x8, r8, dx, dr, s16, out, b, p0, n)
+        _pass(ub, EIGHT, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
         b += 8
     while b + 4 <= B and (DEEP or not two):
-        _pass(ub, FOUR, two, p, units, x8, r8, dx, dr, s16, out, b, p0, n)
+        _pass(ub, FOUR, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
         b += 4
     while b + 2 <= B:
-        _pass(ub, TWO_ROWS, two, p, units, x8, r8, dx, dr, s16, out, b, p0, n)
+        _pass(ub, TWO_ROWS, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
         b += 2
     if b < B:
-        _pass(ub, ONE, two, p, units, x8, r8, dx, dr, s16, out, b, p0, n)
+        _pass(ub, ONE, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
 
 
 @jit
-def k_gemm(ub, w, x8, r8, dx, dr, s16, out, r0, r1):
+def k_gemm(ub, w, x8, r8, dx, dr, isum, out, r0, r1):
     """out[b, r] = w[r] . x'[b] for rows r0..r1 of w (Q4_K, Q5_K or Q6_K; ub its bytes) and every
     activation row b that qdot.quantize wrote: sixteen weight rows at a time, packed once as a
     panel and then met by every activation row (`passes`). Same arguments as qdot.k_few."""
@@ -403,5 +408,5 @@ def k_gemm(ub, w, x8, r8, dx, dr, s16, out, r0, r1):
     pad = np.empty(ROWS * w.shape[1], np.uint8)
     for p0 in range(r0, r1, ROWS):
         n = min(ROWS, r1 - p0)
-        pack(ub, w, p0, n, p[0], p[1], p[2], p[3], pad)
-        passes(ub, p, units, x8, r8, dx, dr, s16, out, p0, n)
+        pack(ub, w, p0, n, p[0], p[1], p[2], p[3], p[4], pad)
+        passes(ub, p, units, x8, r8, dx, dr, isum, out, p0, n)

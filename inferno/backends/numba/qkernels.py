@@ -25,14 +25,15 @@ Kernels differ only in what they do with a group (vectors: lanes.py):
   through qgemm.k_gemm instead (panels of sixteen weight rows against eight or four activation
   rows per vpdpbusd step), and
   fewer through qdot.k_few. The integers summed are the same in all three (k_rows, k_few,
-  k_gemm); only the float32 order of adding them up differs (not yet batch-invariant). The
+  k_gemm), and so is the float32 order of adding them up (qdot.k_tail), so a row's result is
+  the same bits whatever rows share its step. The
   legacy kinds with int16 activations take up to LEGACY_FEW rows through ldot.l_rows and more
   through lgemm.l_gemm (two panels of sixteen weight rows against four activation rows per
   vpdpwssd step), the same integers and the same float32 order in both;
 - Q4_K repacked at load into panels of eight rows (kpanels.py; the kind Q4_KX8, which the
   backends make of a linear weight where they take int8 activations): decode and a few rows read
   the panels in place (kpanels.p_rows), a prefill unpacks them into qgemm's (kpanels.p_gemm);
-  the same integers again;
+  the same integers and order again;
 - embedding (`embed_rows`): whole rows dequantised.
 
 The backends call the drivers through `linear_for`, `linear_par_for` and `linear_many_par_for`,

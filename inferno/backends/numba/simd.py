@@ -106,7 +106,8 @@ class SimdBackend(Backend):
         # Q8_K, plus a row for its remainder where the weight's outlier_inputs says so), by
         # default where x86 multiplies bytes fast (AVX2): 2-2.8x the weights per second on one
         # core. Decoded token by token against transformers the logits stay as close as with
-        # float32 activations (bench/RESULTS.md). False keeps float32 activations.
+        # float32 activations (bench/RESULTS.md); and one row, a few and many compute a row
+        # alike (qdot.k_tail: batch-invariant). False keeps float32 activations.
         self.int8_activations = fast_int_dot() if int8_activations is None else bool(int8_activations)
         # The legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) take theirs as int16, when
         # int8_activations is on, where float vectors are eight lanes (ldot.py: x86 without
