@@ -19,7 +19,7 @@ Tables (medians of -r rounds; variants interleaved within a round, wall-clock ti
 - prefill: 512 activation rows on one thread, GFLOP/s against float32 sgemm on the same shape.
 - panels (`--only panels`, not by default): the K-quants' two int8 kernels for several rows,
   qgemm's panels against qdot.k_few, by width, rows and remainder row: where the one overtakes
-  the other on this machine (qkernels.GEMM_MIN, GEMM_MIN_COLS).
+  the other on this machine (dispatch.GEMM_MIN, GEMM_MIN_COLS).
 - files: each SmolLM2 GGUF's own tensors (read in place with gguf's GGUFReader) run as one
   decode step's linears in model order, q/k/v and gate/up fused (linear_many), on pool with two
   threads; the sum estimates the matvec part of a token. The rest of a token (norms, RoPE,
@@ -184,7 +184,7 @@ def prefill_table(types, reps, rows=512):
 
 def panels_table(types, reps):
     """qgemm.k_gemm (the panels) against qdot.k_few on the same int8 rows, called directly, so
-    qkernels.GEMM_MIN and GEMM_MIN_COLS can be read off this machine."""
+    dispatch.GEMM_MIN and GEMM_MIN_COLS can be read off this machine."""
     from inferno.backends.numba import qdot, qgemm
     simd = SimdBackend()  # first: the process set up as a model run has it (simd.py: BLAS, malloc)
     kinds = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}

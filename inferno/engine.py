@@ -314,7 +314,7 @@ class Engine:
         else:
             self.warm_up("rest")
 
-    WARM_PROMPT = 32  # tokens of the warm-up's prompt: a short chat turn's, past qkernels.FEW_MAX
+    WARM_PROMPT = 32  # tokens of the warm-up's prompt: a short chat turn's, past dispatch.FEW_MAX
 
     def warm_up(self, part: str = "rest") -> None:
         """Run one part of the warm-up, so that JIT compilation, kernel caches (Numba's,

@@ -3,11 +3,10 @@
 A step's rows arrive grouped by expert (base.ExpertPlan): group g is rows starts[g]..starts[g+1]
 of x, and multiplies expert ids[g]'s rows of a stacked weight, rows ids[g] * n .. (ids[g] + 1) * n
 (one contiguous run of blocks, read where it lies in the mapped file). Each group goes through
-the kernels a dense linear of that many rows takes (qkernels.linear_path's choice): a legacy
-kind, where the backend takes those as int16 (`legacy`), through ldot.l_rows up to LEGACY_FEW
-rows and lgemm's GEMM beyond; otherwise qkernels.rows_kernel (decode rows, a few rows or
-qgemm's panels), or sgemm on dequantised tiles for many rows of a kind without int8 products.
-So a row's result is the one a dense linear would give it: where the dense path is
+the kernel a dense linear of that many rows takes (dispatch.kernel): l_rows or lgemm's GEMM for a
+legacy kind that takes int16 rows, dequantised tiles and sgemm for many float32 rows, and
+otherwise qkernels.rows_kernel (which reads the same table). So a row's result is the one a
+dense linear would give it: where the dense path is
 batch-invariant (the legacy kinds with int16 activations, the K-quants with int8), so are the
 experts.
 
@@ -25,12 +24,13 @@ import functools
 import numba as nb
 import numpy as np
 
-from inferno.backends.numba import jitcache, ldot, qgemm
+from inferno.backends.numba import dispatch, jitcache, ldot, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dense import FAST
-from inferno.backends.numba.qkernels import (FEW_MAX, LEGACY_FEW, PASS_ROWS, activations, activations_par,
-                                             chunk_start, int_dot, legacy_gemm, legacy_rows, prefill_rows,
-                                             quantized_par, rows_kernel)
+from inferno.backends.numba.qkernels import (PASS_ROWS, activations, activations_par, chunk_start,
+                                             legacy_gemm, legacy_rows, prefill_rows, quantized_par,
+                                             rows_kernel)
+from inferno.backends.numba.dispatch import F_TILES, L_GEMM, L_ROWS, int_dot
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 
@@ -123,21 +123,22 @@ def _no_int16():
 def _part(kind, w, x, xs, xq, lx, out, c, chunks, tile):
     """Chunk c of `chunks` of out = x @ w.T, w one expert's rows; `lx` x as int16 rows (no rows
     where the legacy kinds take float32)."""
-    rows, B = w.shape[0], x.shape[0]
-    if ldot.legacy(kind) and lx[0].shape[0] > 0:
-        if B <= LEGACY_FEW:
-            r0, r1 = chunk_start(rows, c, chunks, 8), chunk_start(rows, c + 1, chunks, 8)
-            if r0 < r1:
-                legacy_rows(kind, w, lx[0], lx[1], lx[2], out, r0, r1)
-        else:
-            r0, r1 = chunk_start(rows, c, chunks, PASS_ROWS), chunk_start(rows, c + 1, chunks, PASS_ROWS)
-            if r0 < r1:
-                legacy_gemm(kind, w, lx[0], lx[1], lx[2], out, r0, r1)
+    rows = w.shape[0]
+    way = dispatch.kernel(kind, x.shape[0], x.shape[1], 1 if xq[0].shape[0] > 0 else 0, lx[0].shape[0] > 0)
+    if way == L_ROWS:
+        r0, r1 = chunk_start(rows, c, chunks, 8), chunk_start(rows, c + 1, chunks, 8)
+        if r0 < r1:
+            legacy_rows(kind, w, lx[0], lx[1], lx[2], out, r0, r1)
+        return
+    if way == L_GEMM:
+        r0, r1 = chunk_start(rows, c, chunks, PASS_ROWS), chunk_start(rows, c + 1, chunks, PASS_ROWS)
+        if r0 < r1:
+            legacy_gemm(kind, w, lx[0], lx[1], lx[2], out, r0, r1)
         return
     r0, r1 = chunk_start(rows, c, chunks, qgemm.ROWS), chunk_start(rows, c + 1, chunks, qgemm.ROWS)
     if r0 >= r1:
         return
-    if B > FEW_MAX and not (int_dot(kind) and xq[0].shape[0] > 0):
+    if way == F_TILES:
         scratch = np.empty(tile * x.shape[1] + x.shape[0] * tile, np.float32)
         prefill_rows(kind, w, x, out, r0, r1, tile, scratch)
     else:

@@ -24,8 +24,7 @@ the same total size, one 1152-byte record per super-block u (at byte 1152 u of t
         byte 4 i + k holds row i's weight 64 j + 4 t + k (group 2 j) in its low nibble and
         64 j + 32 + 4 t + k (group 2 j + 1) in its high one.
 The nibbles are the file's own bytes, 4-byte words transposed across the eight rows; nothing is
-rounded, so the panels multiply the same integers as qdot's and qgemm's kernels: a row's result
-agrees with theirs up to float32 rounding, whether it came alone, in a batch or in a prefill.
+rounded, so the panels multiply the same integers as qdot's and qgemm's kernels.
 
 A row's result is the sum over super-blocks of qdot.k_tail's four terms, from the same integers
 in the same order with the same roundings as qdot's and qgemm's kernels: the same bits as theirs.

@@ -34,14 +34,13 @@ import threading
 import numba as nb
 import numpy as np
 
-from inferno.backends.numba import jitcache, kpanels
+from inferno.backends.numba import dispatch, jitcache, kpanels
 from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba import attention as A
 from inferno.backends.numba import dense as K
 from inferno.backends.numba import kv_kernels as KV
 from inferno.backends.numba import experts as E
 from inferno.backends.numba.experts import NO_ROWS
-from inferno.backends.numba.ldot import LEGACY_KINDS
 from inferno.backends.numba.contention import Contention
 from inferno.backends.numba import qkernels as Q
 from inferno.backends.numba.qkernels import chunk_start
@@ -179,7 +178,7 @@ class PoolBackend(SimdBackend):
         saved = self.parallel_min_elements, self.parallel_min_attention, self.decode_min_keys
         self.parallel_min_elements = self.parallel_min_attention = 0
         self.decode_min_keys = 1
-        self._one_launch = False  # linear_many as past Q.FEW_MAX rows: one linear per weight
+        self._one_launch = False  # linear_many as past dispatch.FEW_MAX rows: one linear per weight
         try:
             yield
         finally:
@@ -241,20 +240,21 @@ class PoolBackend(SimdBackend):
 
     def linear_many(self, x, ws):
         """One launch over all the weights' rows (q/k/v, gate/up) when they are all quantized and
-        x has at most Q.FEW_MAX rows, into one buffer whose column ranges are returned (views;
-        contiguous when x has one row); otherwise (and for more than Q.LEGACY_FEW rows of a
-        legacy kind, which lgemm takes) one linear per weight (simd's linear_many, which rounds x
-        once for the legacy kinds' int16). (Decode calls this
-        60 times a token on SmolLM2: one pass over ws gathers everything the launch needs.)"""
+        their kernels can share it (dispatch.shared_launch: a few rows, none through lgemm's GEMM),
+        into one buffer whose column ranges are returned (views; contiguous when x has one row);
+        otherwise one linear per weight (simd's linear_many, which rounds x once for the legacy
+        kinds' int16). (Decode calls this 60 times a token on SmolLM2: one pass over ws gathers
+        everything the launch needs.)"""
         x = contiguous(x)
         rows, cols = x.shape
-        kinds, datas, total = [], [], 0
+        if self.threads == 1 or not self._one_launch or not all(isinstance(w, QuantTensor) for w in ws):
+            return super().linear_many(x, ws)
+        kinds = [WeightKind.of(w) for w in ws]
+        if not dispatch.shared_launch(rows, kinds, self._legacy):
+            return super().linear_many(x, ws)
+        datas, total = [], 0
         for w in ws:
-            if (not isinstance(w, QuantTensor) or rows > Q.FEW_MAX or self.threads == 1 or not self._one_launch
-                    or (rows > Q.LEGACY_FEW and self._legacy and WeightKind.of(w) in LEGACY_KINDS)):
-                return super().linear_many(x, ws)
             check_width(x, w)
-            kinds.append(WeightKind.of(w))
             datas.append(w.data)
             total += w.shape[0]
         if total * x.size < self.parallel_min_elements:

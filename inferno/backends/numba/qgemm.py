@@ -27,7 +27,7 @@ kernels unchanged). Eight rows' run of 32 weights is eight loads (one a row), th
 in bytes, and an 8x8 transpose of 4-byte words in registers (24 shuffles) into one half of
 eight steps; a short last panel goes the same way from a zero-padded copy of its rows, and only
 the scales go one by one. Still, below some 16-32 activation rows qdot.k_few, which reads the
-weights as they lie, is the quicker (qkernels.GEMM_MIN); at 512 the panels run at two to three
+weights as they lie, is the quicker (dispatch.GEMM_MIN); at 512 the panels run at two to three
 times its rate.
 
 Panel layout, per super-block u of the sixteen rows:

@@ -7,34 +7,17 @@ decoded once (`unit_scales`); each group of 32 weights is two 16-lane halves of 
 (`unit_q`), so that weight = s * q + m with the group's scales and offset (`group_scales`).
 Kernels differ only in what they do with a group (vectors: lanes.py):
 
-- decode (`matvec_rows`): one activation row, two weight rows per pass sharing each load of x,
-  16-lane accumulators in registers reduced once per row, and sum(s * (q . x)) + sum(m * sum(x))
-  so the offset costs one scalar multiply-add per group; for Q4_K, Q5_K and Q6_K, where the backend
-  says so (its int8_activations: by default where the machine has AVX2), the row is quantized
-  to two int8 rows once per call and multiplied in integers instead (qdot.py: ~2x the weights
-  per second); the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), where the backend says so (its
-  int16_legacy: x86 without AVX-512, or with VNNI), against the row rounded to int16 (ldot.py:
-  eight weight rows a pass, in lgemm's order of arithmetic, so that a row's result is the same
-  bit for bit whatever rows share its step: decode, a batch and a prefill alike);
-- a few activation rows (`few_rows`, the server's batched decode step): each group of a weight
-  row decoded once for up to four activation rows; the K-quants, as above, in integers
-  (qdot.k_few);
-- prefill (`prefill_rows`): tiles of rows dequantised into a float32 scratch and fed to sgemm;
-  the K-quants with int8 activations take GEMM_MIN activation rows or more (of rows GEMM_MIN_COLS
-  wide or more: 32 and 1024 with VNNI in 256 bits only, 16 and any with AVX-512 or without VNNI)
-  through qgemm.k_gemm instead (panels of sixteen weight rows against eight or four activation
-  rows per vpdpbusd step), and
-  fewer through qdot.k_few. The integers summed are the same in all three (k_rows, k_few,
-  k_gemm), and so is the float32 order of adding them up (qdot.k_tail), so a row's result is
-  the same bits whatever rows share its step. The
-  legacy kinds with int16 activations take up to LEGACY_FEW rows through ldot.l_rows and more
-  through lgemm.l_gemm (two panels of sixteen weight rows against four activation rows per
-  vpdpwssd step), the same integers and the same float32 order in both;
-- Q4_K repacked at load into panels of eight rows (kpanels.py; the kind Q4_KX8, which the
-  backends make of a linear weight where they take int8 activations): decode and a few rows read
-  the panels in place (kpanels.p_rows), a prefill unpacks them into qgemm's (kpanels.p_gemm);
-  the same integers and order again;
+- the float32 kernels, for activations kept float32: decode (`matvec_rows`: two weight rows
+  per pass sharing each load of x, 16-lane accumulators reduced once per row, the offset one
+  scalar multiply-add per group), a few rows (`few_rows`: each group decoded once for up to
+  four activation rows), and a prefill (`prefill_rows`: tiles dequantised into a float32
+  scratch and fed to sgemm);
+- the drivers of the integer kernels: the K-quants against int8 rows (qdot.py, qgemm.py,
+  kpanels.py), the legacy kinds against int16 rows (ldot.py, lgemm.py);
 - embedding (`embed_rows`): whole rows dequantised.
+
+Which kernel a product takes is dispatch.py's table (weight kind, rows, columns, the backend's
+activation settings, this CPU): the drivers here and experts.py read it and decide nothing.
 
 The backends call the drivers through `linear_for`, `linear_par_for` and `linear_many_par_for`,
 each compiled for the kinds it is given (see there): a model compiles and loads only its own.
@@ -61,8 +44,11 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
-from inferno.backends.numba import jitcache, kpanels, ldot, lgemm, qdot, qgemm
+from inferno.backends.numba import dispatch, jitcache, kpanels, ldot, lgemm, qdot, qgemm
 from inferno.backends.numba.codes import WeightKind
+from inferno.backends.numba.dispatch import (  # the table of which kernel runs
+    F_ROW, F_TILES, K_FEW, K_GEMM, K_ROWS, L_GEMM, L_ROWS, P_GEMM, int_dot,
+)
 from inferno.backends.numba.qdot import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
 from inferno.backends.numba.dense import FAST
 from inferno.errors import InfernoError
@@ -77,24 +63,6 @@ jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 # The weight kinds as the kernels branch on them: plain ints (codes.py says why).
 F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8 = map(int, WeightKind)
 
-# Activation rows per call up to which `few_rows` beats dequantised tiles + sgemm.
-FEW_MAX = 16
-# Activation rows up to which the legacy kinds' ldot.l_rows beats lgemm's GEMM, whose packing
-# of the weights costs more than a few rows save (SmolLM2's Q8_0 lm_head: 2.1 against 3.0 ms at
-# four rows; its Q4_1 matrices 1.2x faster at four through the GEMM). Either computes a row
-# alike, so the switch moves no result.
-LEGACY_FEW = 3
-# Activation rows from which qgemm's panels beat qdot.k_few, packing included, for every K-quant
-# with and without remainder rows, and weight rows from how many columns. With AVX-512 VNNI
-# (qgemm.DEEP: zmm panels, eight rows a pass) from 16 rows at every width. With VNNI in 256 bits
-# only, from 32 rows of 1024 columns or more: on rows of three super-blocks (768, an expert's down
-# projection in Qwen3-30B-A3B) the panels trailed k_few at every row count. Without VNNI
-# (qgemm.WIDE) k_few pays for emulating vpdpbusd a step where the panels sum int16 pairs, and the
-# panels win from 16 rows at every width (measured: bench/RESULTS.md, "K-quant prefill on packed
-# panels", "Mixtures of experts", "Panels from 16 rows and any width where there is no VNNI",
-# "Panels in zmm"; bench/quant_matvec.py --only panels).
-GEMM_MIN = 16 if qgemm.WIDE or qgemm.DEEP else 32
-GEMM_MIN_COLS = 0 if qgemm.WIDE or qgemm.DEEP else 1024
 # Activation rows from which the parallel drivers quantize them on every thread (a prefill's 512
 # rows took 0.3-2 ms a call on one, serial before each product; a decode row stays on one thread,
 # where a second launch would cost more than it saves).
@@ -191,12 +159,6 @@ def group_sums(x, xs, b0, b1):
 
 # -- decode and a few activation rows ------------------------------------------------------------------
 @jit
-def int_dot(kind):
-    """Whether this kind's products can take int8 activations (qdot.py; kpanels.py)."""
-    return kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == Q4_KX8
-
-
-@jit
 def activations(x, xs, mode):
     """What the row kernels take besides x: its group sums into xs, and for mode 1 or 2 x's rows
     as one or two int8 rows each (qdot.quantize; mode 0: qdot.empty(), the kernels keep
@@ -221,7 +183,8 @@ def activation_rows(x, xs, xq, b0, b1):
 
 
 def rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
-    """out[:, col + r0:col + r1] = x @ w[r0:r1].T for x [B <= FEW_MAX, cols], xs its group sums,
+    """out[:, col + r0:col + r1] = x @ w[r0:r1].T for x [B, cols] (dispatch.FEW_MAX at most, unless
+    the kind takes int8 rows), xs its group sums,
     xq its row quantized or empty (`activations`), col where this weight's outputs start, in a
     buffer several weights share. Jitted code only (the overload below).
 
@@ -263,8 +226,8 @@ def _rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
 
 @jit
 def _rows(kind, w, x, xs, out, col, r0, r1):
-    """float32 activations: one row (decode) or a few."""
-    if x.shape[0] == 1:
+    """float32 activations: one row (decode) or a few (dispatch: F_ROW, F_FEW)."""
+    if dispatch.kernel(kind, x.shape[0], x.shape[1], 0, False) == F_ROW:
         matvec_rows(kind, w, x, xs, out[0, col:], r0, r1)
     else:
         few_rows(kind, w, x, xs, out[:, col:], r0, r1)
@@ -273,25 +236,25 @@ def _rows(kind, w, x, xs, out, col, r0, r1):
 @jit
 def _rows_int8(kind, unit_bytes, w, x, xs, xq, out, col, r0, r1):
     """Q4_K, Q5_K or Q6_K (`unit_bytes` a literal, as qdot's kernels want it): in integers when xq
-    holds the rows quantized, else as _rows."""
-    if xq[0].shape[0] == 0:
-        _rows(kind, w, x, xs, out, col, r0, r1)
-    elif x.shape[0] == 1:
+    holds the rows quantized (dispatch: K_ROWS, K_FEW, K_GEMM), else as _rows."""
+    way = dispatch.kernel(kind, x.shape[0], x.shape[1], 1 if xq[0].shape[0] > 0 else 0, False)
+    if way == K_ROWS:
         qdot.k_rows(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
-    elif x.shape[0] >= GEMM_MIN and x.shape[1] >= GEMM_MIN_COLS:
+    elif way == K_GEMM:
         qgemm.k_gemm(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
-    else:
+    elif way == K_FEW:
         qdot.k_few(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
+    else:
+        _rows(kind, w, x, xs, out, col, r0, r1)
 
 
 @jit
 def _rows_panels(w, x, xq, out, col, r0, r1):
     """Q4_K in panels (kpanels.py): its int8 activations always (the backends repack only where
-    they take them, and pass them; quantized here if not), a prefill's many rows through qgemm's
-    passes."""
+    they take them, and pass them; quantized here if not; dispatch: P_ROWS, P_GEMM)."""
     if xq[0].shape[0] == 0:
         xq = qdot.quantize(x, False)
-    if x.shape[0] >= GEMM_MIN and x.shape[1] >= GEMM_MIN_COLS:
+    if dispatch.kernel(Q4_KX8, x.shape[0], x.shape[1], 1, False) == P_GEMM:
         kpanels.p_gemm(w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
     else:
         kpanels.p_rows(w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
@@ -497,23 +460,22 @@ def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
 LEGACY_ROW, LEGACY_GEMM, PREFILL, ROWS = "legacy_row", "legacy_gemm", "prefill", "rows"
 
 
-def linear_path(kind: int, B: int, mode: int, legacy: bool) -> str:
-    """How `linear` computes x [B, cols] @ w.T for weights of `kind`. A legacy kind, where
-    `legacy` says so, takes x as int16 rows (ldot.py): up to LEGACY_FEW rows through
-    ldot.l_rows (LEGACY_ROW), more through lgemm's GEMM (LEGACY_GEMM), both in one order of
-    arithmetic, so a row's result does not depend on how many rows share its step. A kind that can (int_dot)
-    takes int8 rows for mode 1 or 2 however many (ROWS); any other, more than FEW_MAX rows as
-    dequantised tiles and sgemm (PREFILL), fewer through the row kernels."""
-    if legacy and ldot.legacy.py_func(kind):
-        return LEGACY_ROW if B <= LEGACY_FEW else LEGACY_GEMM
-    if B > FEW_MAX and not (mode > 0 and int_dot.py_func(kind)):
-        return PREFILL
-    return ROWS
+def linear_path(kind: int, B: int, cols: int, mode: int, legacy: bool) -> str:
+    """Which driver computes x [B, cols] @ w.T for weights of `kind`, from the kernel the table
+    picks (dispatch.kernel): lgemm's GEMM (LEGACY_GEMM), l_rows (LEGACY_ROW), dequantised tiles
+    and sgemm (PREFILL), or the row kernels, which take the rest (ROWS)."""
+    way = dispatch.kernel.py_func(kind, B, cols, mode, legacy)
+    if way == L_ROWS:
+        return LEGACY_ROW
+    if way == L_GEMM:
+        return LEGACY_GEMM
+    return PREFILL if way == F_TILES else ROWS
 
 
 @jit
 def legacy_row(kind, w, x, out):
-    """out [B, rows] = x [B, cols] @ w.T for B <= LEGACY_FEW, x as int16 rows (ldot.l_rows)."""
+    """out [B, rows] = x [B, cols] @ w.T for a few rows (dispatch.LEGACY_FEW), x as int16 rows
+    (ldot.l_rows)."""
     x16, dx, xs16 = ldot.quantized(x)
     legacy_rows(kind, w, x16, dx, xs16, out, 0, w.shape[0])
 
@@ -614,14 +576,14 @@ def rows_par(kind, w, x, out, mode, chunks):
                     chunk_start(n, c + 1, chunks, qgemm.ROWS))
 
 
-# How a weight of linear_many takes x: a legacy kind, where the backend says so, as int16 rows through
-# l_rows (ROW16: `linear`'s arithmetic for a few rows); any other as it is (int8 rows for a kind
-# that can, else float32).
+# How a weight of linear_many takes x: a legacy kind that takes int16 rows as l_rows does
+# (ROW16: dispatch.L_ROWS, as linear_many runs a few rows only: dispatch.shared_launch); any other
+# as it is (int8 rows for a kind that can, else float32).
 ROW16, PLAIN = 0, 1
 
 
 def takes(kind: int, legacy: bool) -> int:
-    return ROW16 if legacy and ldot.legacy.py_func(kind) else PLAIN
+    return ROW16 if dispatch.kernel.py_func(kind, 1, 0, 0, legacy) == L_ROWS else PLAIN
 
 
 def piece(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
@@ -736,7 +698,7 @@ def linear_for(kind: WeightKind):
     kind = int(WeightKind(kind))
 
     def linear(w, x, out, tile, mode, legacy):
-        path = linear_path(kind, x.shape[0], mode, legacy)
+        path = linear_path(kind, x.shape[0], x.shape[1], mode, legacy)
         if path == LEGACY_ROW:
             _path_entry(path, kind, False)(w, x, out)
         elif path == LEGACY_GEMM:
@@ -754,7 +716,7 @@ def linear_par_for(kind: WeightKind):
     kind = int(WeightKind(kind))
 
     def linear_par(w, x, out, tile, chunks, mode, legacy):
-        path = linear_path(kind, x.shape[0], mode, legacy)
+        path = linear_path(kind, x.shape[0], x.shape[1], mode, legacy)
         if path == LEGACY_ROW:
             _path_entry(path, kind, True)(w, x, out, chunks)
         elif path == LEGACY_GEMM:
@@ -769,7 +731,7 @@ def linear_par_for(kind: WeightKind):
 @functools.cache
 def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind, legacy: bool = False):
     """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
-    B <= FEW_MAX rows of x: the three weights' rows (kinds k0, k1, k2), taken end to end as one
+    the few rows of x that dispatch.shared_launch admits: the three weights' rows (kinds k0, k1, k2), taken end to end as one
     range, split into `chunks` pieces (a piece may span two weights): (ws, x, out, chunks,
     mode). The weights may differ in kind and rows; they share cols, so a row costs about the
     same in any. Each takes x as it would alone (`linear`): a K-quant its int8 rows for mode 1

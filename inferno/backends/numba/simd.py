@@ -18,7 +18,7 @@ import ctypes
 
 import numpy as np
 
-from inferno.backends.numba import blas, jitcache, kpanels
+from inferno.backends.numba import blas, dispatch, jitcache, kpanels
 from inferno.formats import cache_types
 from inferno.backends.numba import attention as A
 from inferno.backends.numba import dense as K
@@ -129,12 +129,8 @@ class SimdBackend(Backend):
             jitcache.compiled(seconds)
 
     def _int8_mode(self, w: QuantTensor) -> int:
-        """How a product of w with activation rows takes them: 0 float32, 1 one int8 row each,
-        2 two (for inputs with outliers: one row alone moved whole-model logits by ~5e-2
-        there)."""
-        if not self.int8_activations and not isinstance(w, kpanels.PanelTensor):
-            return 0  # (panels were made for int8 rows: they take them whatever is said later)
-        return 2 if w.outlier_inputs else 1
+        """How a product of w with activation rows takes them (dispatch.activation_mode)."""
+        return dispatch.activation_mode(self.int8_activations, w)
 
     @property
     def _legacy(self) -> bool:
@@ -195,7 +191,7 @@ class SimdBackend(Backend):
         """[linear(x, w) for w in ws], x rounded to int16 rows once for all the legacy kinds that
         take it so (ldot.py) when it has many rows (a prefill's q/k/v, gate/up), not once each."""
         x = contiguous(x)
-        if x.shape[0] <= Q.LEGACY_FEW or not self._legacy:
+        if not dispatch.lgemm_rows(x.shape[0], self._legacy):
             return [self.linear(x, w) for w in ws]
         rounds = [type(w) is QuantTensor and WeightKind.of(w) in LEGACY_KINDS for w in ws]
         if sum(rounds) < 2:

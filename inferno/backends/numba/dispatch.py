@@ -1,0 +1,109 @@
+"""Which kernel multiplies a quantized weight by activation rows: the one table that the
+drivers (qkernels.py), the experts (experts.py) and the backends (simd.py, pool.py) read, as
+ggml's type traits are a table. It is the only code that compares row counts with thresholds
+and turns the backend's settings into a kernel; the drivers take its answer and decide nothing
+(they read the settings only to prepare the activations the kernel takes).
+
+A product is a weight of some kind, B activation rows of `cols` values, on this CPU, with the
+backend's two settings: `mode`, how the K-quants take activations (0: float32; 1: one int8
+row each, ggml's Q8_K; 2: two, the second the first's remainder, for inputs with outliers),
+and `legacy`, whether the legacy kinds take theirs as int16 rows. The answer (`kernel`):
+
+    weight, activations          1 row              2 .. rows           many rows
+    legacy kind, int16 rows      ldot.l_rows (up to LEGACY_FEW)   ->   lgemm.l_gemm
+    K-quant, int8 rows           qdot.k_rows        qdot.k_few     ->   qgemm.k_gemm (GEMM_MIN)
+    Q4_K in panels (Q4_KX8)      kpanels.p_rows                    ->   kpanels.p_gemm (GEMM_MIN)
+    any kind, float32 rows       qkernels.matvec_rows  few_rows    ->   prefill_rows (past FEW_MAX:
+                                                                        dequantised tiles, sgemm)
+
+Within each line the kernels compute a row alike (the legacy kinds' and the K-quants' one order
+of arithmetic: ldot.py, qdot.k_tail), so a switch between them moves no result; the thresholds
+are about speed only. The CPU enters through them: GEMM_MIN and GEMM_MIN_COLS depend on its
+vector registers and VNNI (qgemm.DEEP, qgemm.WIDE), fixed when the kernels compile; whether
+int8 and int16 rows are taken at all is the backend's (`mode`, `legacy`: `activation_mode`).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+
+from inferno.backends.numba import qgemm
+from inferno.backends.numba.codes import WeightKind
+from inferno.backends.numba.kpanels import PanelTensor
+
+jit = nb.njit(cache=True, nogil=True)
+
+_, _, Q8_0, _, _, _, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8 = map(int, WeightKind)
+
+# The kernels, by line of the table above.
+L_ROWS, L_GEMM, K_ROWS, K_FEW, K_GEMM, P_ROWS, P_GEMM, F_ROW, F_FEW, F_TILES = range(10)
+NAMES = ("ldot.l_rows", "lgemm.l_gemm", "qdot.k_rows", "qdot.k_few", "qgemm.k_gemm",
+         "kpanels.p_rows", "kpanels.p_gemm", "qkernels.matvec_rows", "qkernels.few_rows",
+         "qkernels.prefill_rows")
+
+# Activation rows up to which the legacy kinds' l_rows beats lgemm's GEMM, whose packing of the
+# weights costs more than a few rows save (SmolLM2's Q8_0 lm_head prefers l_rows at four rows,
+# its Q4_1 matrices the GEMM: bench/RESULTS.md, "Batch-invariant logits").
+LEGACY_FEW = 3
+# Activation rows up to which the float32 row kernels (few_rows) beat dequantised tiles + sgemm.
+FEW_MAX = 16
+# Activation rows (and weight columns) from which qgemm's panels beat qdot.k_few, packing
+# included, for every K-quant with and without remainder rows: with AVX-512 VNNI (zmm panels,
+# eight rows a pass) or without VNNI (where k_few emulates vpdpbusd) from 16 rows at any width;
+# with VNNI in 256 bits only from 32 rows of 1024 columns or more (bench/RESULTS.md, "K-quant
+# prefill on packed panels", "Panels in zmm"; bench/quant_matvec.py --only panels).
+GEMM_MIN = 16 if qgemm.WIDE or qgemm.DEEP else 32
+GEMM_MIN_COLS = 0 if qgemm.WIDE or qgemm.DEEP else 1024
+
+
+@jit
+def int_dot(kind):
+    """Whether this kind's products can take int8 activations (qdot.py; kpanels.py)."""
+    return kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == Q4_KX8
+
+
+@jit
+def kernel(kind, rows, cols, mode, legacy):
+    """The kernel (L_ROWS .. F_TILES) that multiplies `rows` activation rows of `cols` values by
+    a weight of `kind` (a WeightKind code), as the module docstring's table says. (No calls:
+    Python callers take `kernel.py_func`, plain arithmetic.)"""
+    if legacy and Q8_0 <= kind <= Q5_1:  # the legacy kinds, ldot.LEGACY_KINDS
+        return L_ROWS if rows <= LEGACY_FEW else L_GEMM
+    panels = rows >= GEMM_MIN and cols >= GEMM_MIN_COLS
+    if kind == Q4_KX8:  # repacked only where int8 rows are taken: it always takes them
+        return P_GEMM if panels else P_ROWS
+    if mode > 0 and (kind == Q4_K or kind == Q5_K or kind == Q6_K):
+        if rows == 1:
+            return K_ROWS
+        return K_GEMM if panels else K_FEW
+    if rows == 1:
+        return F_ROW
+    return F_FEW if rows <= FEW_MAX else F_TILES
+
+
+def kernel_name(kind: int, rows: int, cols: int, mode: int, legacy: bool) -> str:
+    """`kernel`'s answer as a module and function name: "qdot.k_rows"."""
+    return NAMES[kernel.py_func(kind, rows, cols, mode, legacy)]
+
+
+def activation_mode(int8_activations: bool, w) -> int:
+    """The backend's `mode` for products with w: 0 where it takes float32 activations (panels
+    excepted: they were made for int8 rows and take them whatever is said later), else 2 for a
+    weight whose inputs carry outliers (QuantTensor.outlier_inputs: one int8 row alone moved
+    whole-model logits by ~5e-2 there), 1 otherwise."""
+    if not int8_activations and not isinstance(w, PanelTensor):
+        return 0
+    return 2 if w.outlier_inputs else 1
+
+
+def shared_launch(rows: int, kinds, legacy: bool) -> bool:
+    """Whether weights that share their input (q/k/v, gate/up) can run as one launch over all
+    their rows, each row range through its kernel (pool's linear_many): up to FEW_MAX rows, and
+    none through lgemm's GEMM (L_GEMM), which quantizes and packs for the whole weight. (Decode
+    asks this twice a layer: plain arithmetic, no table lookups.)"""
+    return rows <= FEW_MAX and not (lgemm_rows(rows, legacy) and any(Q8_0 <= k <= Q5_1 for k in kinds))
+
+
+def lgemm_rows(rows: int, legacy: bool) -> bool:
+    """Whether the legacy kinds' products of this many rows go through lgemm's GEMM (L_GEMM)."""
+    return legacy and rows > LEGACY_FEW

@@ -1,0 +1,138 @@
+"""dispatch.py: which kernel multiplies a weight by how many activation rows. Its test is its
+table: each line a product (kind, rows, columns, the backend's activation mode and legacy
+flag) and the kernel that must take it, on this CPU's thresholds. A last test follows the
+table into the drivers: a product computed through the backend equals the one the named
+kernel computes when called directly. (The kernels of one line of the table agree bit for bit,
+so that pins the drivers to the table's line, its activations and arithmetic, rather than to
+one kernel of the line.)"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+import pytest
+
+from inferno.backends.numba import dispatch, kpanels, ldot, lgemm, qdot, qgemm
+from inferno.backends.numba.dispatch import FEW_MAX, GEMM_MIN, GEMM_MIN_COLS, LEGACY_FEW
+from inferno.backends.numba.codes import WeightKind
+from inferno.backends.numba.simd import SimdBackend
+from tests.qblocks import random_blocks
+
+WIDE = max(GEMM_MIN_COLS, 256)  # columns past the panels' minimum width on every CPU
+NARROW = 256  # below it where it is 1024 (VNNI in 256 bits), else the same
+
+TABLE = [
+    # kind, rows, cols, mode, legacy -> kernel
+    ("Q4_1", 1, WIDE, 1, True, "ldot.l_rows"),
+    ("Q8_0", LEGACY_FEW, WIDE, 1, True, "ldot.l_rows"),
+    ("Q8_0", LEGACY_FEW + 1, WIDE, 1, True, "lgemm.l_gemm"),
+    ("Q5_0", 512, WIDE, 1, True, "lgemm.l_gemm"),
+    ("Q4_0", 1, WIDE, 0, False, "qkernels.matvec_rows"),  # legacy kinds in float32
+    ("Q4_0", FEW_MAX, WIDE, 0, False, "qkernels.few_rows"),
+    ("Q4_0", FEW_MAX + 1, WIDE, 0, False, "qkernels.prefill_rows"),
+    ("Q4_K", 1, WIDE, 1, False, "qdot.k_rows"),
+    ("Q6_K", 1, WIDE, 2, True, "qdot.k_rows"),  # the legacy flag is the legacy kinds' only
+    ("Q5_K", 2, WIDE, 1, False, "qdot.k_few"),
+    ("Q4_K", GEMM_MIN - 1, WIDE, 2, False, "qdot.k_few"),
+    ("Q4_K", GEMM_MIN, WIDE, 1, False, "qgemm.k_gemm"),
+    ("Q6_K", 512, WIDE, 2, False, "qgemm.k_gemm"),
+    ("Q4_K", 1, WIDE, 0, False, "qkernels.matvec_rows"),  # K-quants in float32
+    ("Q4_K", 512, WIDE, 0, False, "qkernels.prefill_rows"),
+    ("Q4_KX8", 1, WIDE, 1, False, "kpanels.p_rows"),
+    ("Q4_KX8", GEMM_MIN - 1, WIDE, 1, False, "kpanels.p_rows"),
+    ("Q4_KX8", 512, WIDE, 2, False, "kpanels.p_gemm"),
+    ("F16", 1, WIDE, 1, True, "qkernels.matvec_rows"),
+    ("BF16", 4, WIDE, 1, True, "qkernels.few_rows"),
+    ("F16", 512, WIDE, 1, True, "qkernels.prefill_rows"),
+]
+
+
+@pytest.mark.parametrize("kind, rows, cols, mode, legacy, expected", TABLE,
+                         ids=[f"{k}-{r}rows-mode{m}{'-legacy' if lg else ''}" for k, r, _, m, lg, _ in TABLE])
+def test_the_table(kind, rows, cols, mode, legacy, expected):
+    code = int(WeightKind[kind])
+    assert dispatch.kernel_name(code, rows, cols, mode, legacy) == expected
+    assert dispatch.NAMES[dispatch.kernel(code, rows, cols, mode, legacy)] == expected  # the jitted copy
+
+
+def test_the_thresholds_follow_the_cpu():
+    """The panels' minimum rows and width are the CPU's: 16 rows at any width with AVX-512 or
+    without VNNI, 32 rows of 1024 columns where VNNI is 256 bits wide."""
+    if qgemm.WIDE or qgemm.DEEP:
+        assert (GEMM_MIN, GEMM_MIN_COLS) == (16, 0)
+    else:
+        assert (GEMM_MIN, GEMM_MIN_COLS) == (32, 1024)
+        code = int(WeightKind["Q4_K"])
+        assert dispatch.kernel_name(code, 512, NARROW, 1, False) == "qdot.k_few"
+
+
+def test_activation_modes():
+    """The backend's mode: float32 when it takes no int8 rows, panels excepted; two rows for
+    inputs with outliers."""
+    w = random_blocks("Q4_K", 8, 256)
+    assert dispatch.activation_mode(False, w) == 0
+    assert dispatch.activation_mode(True, w) == 1
+    w.outlier_inputs = True
+    assert dispatch.activation_mode(True, w) == 2
+    assert dispatch.activation_mode(False, kpanels.repack(random_blocks("Q4_K", 8, 256))) == 1
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+@pytest.mark.parametrize("kinds", [["Q4_K", "Q6_K"], ["Q8_0", "Q4_K"], ["Q4_1"], ["F16", "BF16"]])
+def test_shared_launch_is_the_tables_answer(kinds, legacy):
+    """One launch for weights sharing an input exactly where the table sends none of them
+    through lgemm's GEMM, up to FEW_MAX rows."""
+    codes = [int(WeightKind[k]) for k in kinds]
+    for rows in (1, LEGACY_FEW, LEGACY_FEW + 1, FEW_MAX, FEW_MAX + 1):
+        ways = [dispatch.kernel(c, rows, WIDE, 1, legacy) for c in codes]
+        assert dispatch.shared_launch(rows, codes, legacy) == (rows <= FEW_MAX and dispatch.L_GEMM not in ways)
+        assert dispatch.lgemm_rows(rows, legacy) == (dispatch.kernel(int(WeightKind["Q8_0"]), rows, WIDE, 1, legacy)
+                                                     == dispatch.L_GEMM)
+
+
+def _legacy_kernel(name, code):
+    """ldot.l_rows or lgemm.l_gemm for one kind: its code a closure's literal, as they need."""
+    kernel = ldot.l_rows if name == "ldot.l_rows" else lgemm.l_gemm
+
+    @nb.njit
+    def run(w, x16, dx, xs, out):
+        kernel(code, w, x16, dx, xs, out, 0, w.shape[0])
+    return run
+
+
+def _direct(name, w, x, two):
+    """The named integer kernel called directly on x's rows."""
+    out = np.zeros((x.shape[0], w.shape[0]), np.float32)
+    if name.startswith("ldot") or name.startswith("lgemm"):
+        _legacy_kernel(name, int(WeightKind.of(w)))(w.data, *ldot.quantized(x), out)
+        return out
+    xq = qdot.quantize(x, two)
+    if name == "kpanels.p_rows":
+        kpanels.p_rows(w.data, *xq, out, 0, w.shape[0])
+    elif name == "kpanels.p_gemm":
+        kpanels.p_gemm(w.data, *xq, out, 0, w.shape[0])
+    else:
+        ub = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}[w.qtype.name]
+        if name == "qdot.k_rows":
+            qdot.k_rows(ub, w.data, *xq, out[0], 0, w.shape[0])
+        else:
+            (qdot.k_few if name == "qdot.k_few" else qgemm.k_gemm)(ub, w.data, *xq, out, 0, w.shape[0])
+    return out
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K", "Q6_K", "Q4_KX8"])
+def test_the_backend_takes_the_tables_kernel(kind):
+    """simd.linear's result for 1, a few and many rows equals, bit for bit, the kernel the table
+    names for that product, called directly."""
+    ops = SimdBackend()
+    if not ops.int8_activations or (kind == "Q4_1" and not ops._legacy):
+        pytest.skip("this CPU takes these kinds' activations in float32")
+    w = random_blocks(kind.replace("X8", ""), 48, WIDE, seed=5)
+    if kind == "Q4_KX8":
+        w = kpanels.repack(w)
+    rng = np.random.default_rng(0)
+    for rows in (1, 2, LEGACY_FEW + 1, GEMM_MIN, 40):
+        x = rng.standard_normal((rows, WIDE)).astype(np.float32)
+        name = dispatch.kernel_name(int(WeightKind.of(w)), rows, WIDE, ops._int8_mode(w), ops._legacy)
+        np.testing.assert_array_equal(ops.linear(x, w), _direct(name, w, x, False), err_msg=f"{rows} rows: {name}")
+    ops.close()
