@@ -25,15 +25,13 @@ int8 and int16 rows are taken at all is the backend's (`mode`, `legacy`: `activa
 
 from __future__ import annotations
 
-import numba as nb
+from numba.extending import register_jitable
 
-from inferno.backends.numba import qgemm
+from inferno.backends.numba import ldot, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.kpanels import PanelTensor
 
-jit = nb.njit(cache=True, nogil=True)
-
-_, _, Q8_0, _, _, _, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8 = map(int, WeightKind)
+_, _, _, _, _, _, _, Q4_K, Q5_K, Q6_K, Q4_KX8 = map(int, WeightKind)
 
 # The kernels, by line of the table above.
 L_ROWS, L_GEMM, K_ROWS, K_FEW, K_GEMM, P_ROWS, P_GEMM, F_ROW, F_FEW, F_TILES = range(10)
@@ -56,23 +54,24 @@ GEMM_MIN = 16 if qgemm.WIDE or qgemm.DEEP else 32
 GEMM_MIN_COLS = 0 if qgemm.WIDE or qgemm.DEEP else 1024
 
 
-@jit
+@register_jitable
 def int_dot(kind):
     """Whether this kind's products can take int8 activations (qdot.py; kpanels.py)."""
     return kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == Q4_KX8
 
 
-@jit
+@register_jitable
 def kernel(kind, rows, cols, mode, legacy):
     """The kernel (L_ROWS .. F_TILES) that multiplies `rows` activation rows of `cols` values by
-    a weight of `kind` (a WeightKind code), as the module docstring's table says. (No calls:
-    Python callers take `kernel.py_func`, plain arithmetic.)"""
-    if legacy and Q8_0 <= kind <= Q5_1:  # the legacy kinds, ldot.LEGACY_KINDS
+    a weight of `kind` (a WeightKind code), as the module docstring's table says: plain Python
+    where Python calls it (a linear's path, 30 times a token), compiled into the jitted
+    drivers."""
+    if legacy and ldot.legacy(kind):
         return L_ROWS if rows <= LEGACY_FEW else L_GEMM
     panels = rows >= GEMM_MIN and cols >= GEMM_MIN_COLS
     if kind == Q4_KX8:  # repacked only where int8 rows are taken: it always takes them
         return P_GEMM if panels else P_ROWS
-    if mode > 0 and (kind == Q4_K or kind == Q5_K or kind == Q6_K):
+    if mode > 0 and int_dot(kind):
         if rows == 1:
             return K_ROWS
         return K_GEMM if panels else K_FEW
@@ -83,7 +82,7 @@ def kernel(kind, rows, cols, mode, legacy):
 
 def kernel_name(kind: int, rows: int, cols: int, mode: int, legacy: bool) -> str:
     """`kernel`'s answer as a module and function name: "qdot.k_rows"."""
-    return NAMES[kernel.py_func(kind, rows, cols, mode, legacy)]
+    return NAMES[kernel(kind, rows, cols, mode, legacy)]
 
 
 def activation_mode(int8_activations: bool, w) -> int:
@@ -101,7 +100,7 @@ def shared_launch(rows: int, kinds, legacy: bool) -> bool:
     their rows, each row range through its kernel (pool's linear_many): up to FEW_MAX rows, and
     none through lgemm's GEMM (L_GEMM), which quantizes and packs for the whole weight. (Decode
     asks this twice a layer: plain arithmetic, no table lookups.)"""
-    return rows <= FEW_MAX and not (lgemm_rows(rows, legacy) and any(Q8_0 <= k <= Q5_1 for k in kinds))
+    return rows <= FEW_MAX and not (lgemm_rows(rows, legacy) and any(ldot.legacy(k) for k in kinds))
 
 
 def lgemm_rows(rows: int, legacy: bool) -> bool:

@@ -6,9 +6,8 @@ of x, and multiplies expert ids[g]'s rows of a stacked weight, rows ids[g] * n .
 the kernel a dense linear of that many rows takes (dispatch.kernel): l_rows or lgemm's GEMM for a
 legacy kind that takes int16 rows, dequantised tiles and sgemm for many float32 rows, and
 otherwise qkernels.rows_kernel (which reads the same table). So a row's result is the one a
-dense linear would give it: where the dense path is
-batch-invariant (the legacy kinds with int16 activations, the K-quants with int8), so are the
-experts.
+dense linear would give it: where the dense path is batch-invariant (the legacy kinds with int16
+activations, the K-quants with int8), so are the experts.
 
 The activations are quantized once for all the step's rows, then sliced per group (every
 quantity is per row). Jobs are (chunk of an expert's output rows, group), chunk-major: Numba

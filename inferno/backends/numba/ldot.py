@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from numba.extending import register_jitable
 
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dense import FAST
@@ -60,9 +61,10 @@ def eight_lane_floats() -> bool:
     return "avx2" in f and "avx512f" not in f
 
 
-@jit
+@register_jitable
 def legacy(kind):
-    """Whether kind is one of this module's."""
+    """Whether kind is one of this module's (plain Python where Python calls it, compiled into
+    the jitted callers)."""
     return kind >= Q8_0 and kind <= Q5_1
 
 

@@ -22,8 +22,8 @@ the same with q in 0..31, its fifth bits in 32 bytes of their own):
 and for Q6_K (weight = d sc_s (q - 32), q in 0..63, a scale per 16) the same with sc_s for both
 sc_g and m_g and -32 d for -dmin, where Qx_g and Rx_g are the sums of qx and rx over group g
 (`quantize_rows` keeps them). The four sums are integers (in int32 lanes, far from overflow;
-above 2^24 their conversion to float rounds, alike in every kernel), so a matvec equals the dequantised weights times x' = dx qx + dr rx up to float32
-rounding: the error against float32 activations is the remainder's rounding alone, sum_i |w_i|
+above 2^24 their conversion to float rounds, alike in every kernel), so a matvec equals the
+dequantised weights times x' = dx qx + dr rx up to float32 rounding: the error against float32 activations is the remainder's rounding alone, sum_i |w_i|
 dr / 2 at most (tests/ops/test_linear.py checks both). They become the result in one fixed
 order of float operations (`k_tail`), the same in every kernel.
 
@@ -43,8 +43,8 @@ its batch (bench/RESULTS.md, "Figures behind the kernels' shape"). Their few and
 stay float32.
 
 Every row is quantized on its own and multiplied the same way alone, in a batch or in a prefill
-(dispatch.py sends every row count of a K-quant with int8 rows here), so a row's result does not depend on
-the rows beside it: the same bits (`k_tail`).
+(dispatch.py sends every row count of a K-quant with int8 rows here), so a row's result does
+not depend on the rows beside it: the same bits (`k_tail`).
 """
 
 from __future__ import annotations
@@ -276,6 +276,7 @@ YES, NO = True, False
 def remainder_scale(a, b, u, two):
     """Activation row b's remainder scale in super-block u (zero without `two`)."""
     return a[b, u] if two else np.float32(0.0)
+
 
 @jit
 def k_rows(ub, w, x8, r8, dx, dr, isum, y, r0, r1):

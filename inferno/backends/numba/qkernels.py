@@ -464,7 +464,7 @@ def linear_path(kind: int, B: int, cols: int, mode: int, legacy: bool) -> str:
     """Which driver computes x [B, cols] @ w.T for weights of `kind`, from the kernel the table
     picks (dispatch.kernel): lgemm's GEMM (LEGACY_GEMM), l_rows (LEGACY_ROW), dequantised tiles
     and sgemm (PREFILL), or the row kernels, which take the rest (ROWS)."""
-    way = dispatch.kernel.py_func(kind, B, cols, mode, legacy)
+    way = dispatch.kernel(kind, B, cols, mode, legacy)
     if way == L_ROWS:
         return LEGACY_ROW
     if way == L_GEMM:
@@ -583,7 +583,7 @@ ROW16, PLAIN = 0, 1
 
 
 def takes(kind: int, legacy: bool) -> int:
-    return ROW16 if dispatch.kernel.py_func(kind, 1, 0, 0, legacy) == L_ROWS else PLAIN
+    return ROW16 if dispatch.kernel(kind, 1, 0, 0, legacy) == L_ROWS else PLAIN
 
 
 def piece(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
@@ -731,7 +731,8 @@ def linear_par_for(kind: WeightKind):
 @functools.cache
 def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind, legacy: bool = False):
     """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
-    the few rows of x that dispatch.shared_launch admits: the three weights' rows (kinds k0, k1, k2), taken end to end as one
+    the few rows of x that dispatch.shared_launch admits: the three weights' rows (kinds k0, k1,
+    k2), taken end to end as one
     range, split into `chunks` pieces (a piece may span two weights): (ws, x, out, chunks,
     mode). The weights may differ in kind and rows; they share cols, so a row costs about the
     same in any. Each takes x as it would alone (`linear`): a K-quant its int8 rows for mode 1
@@ -740,7 +741,7 @@ def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind, legacy: 
     k0, k1, k2 = (int(WeightKind(k)) for k in (k0, k1, k2))
     h0, h1, h2 = (takes(k, legacy) for k in (k0, k1, k2))
     rows_in = PLAIN in (h0, h1, h2)  # some weight runs the row kernels
-    int8 = any(int_dot.py_func(k) for k in (k0, k1, k2))
+    int8 = any(int_dot(k) for k in (k0, k1, k2))
     x16 = ROW16 in (h0, h1, h2)
 
     @nb.njit(parallel=True, cache=True, fastmath=FAST)
