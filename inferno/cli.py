@@ -18,7 +18,7 @@ from inferno.backends.base import CACHE_TYPES
 from inferno.formats.quant import QUANTIZERS
 from inferno.errors import InfernoError, as_flags
 from inferno.loading.resolve import DEFAULT_MODEL
-from inferno.draft import DRAFT_MAX
+from inferno.draft import DRAFT_MAX, SPEC_TYPES
 from inferno.sampling import SAMPLING_FIELDS, SamplingParams
 
 EXIT_ERROR = 1
@@ -200,21 +200,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_spec_args(p) -> None:
-    p.add_argument("--spec-type", choices=("none", "ngram"), default="none",
+    p.add_argument("--spec-type", choices=("none",) + SPEC_TYPES, default="none",
                    help="speculative decoding: ngram drafts tokens by prompt lookup and checks them all in "
                         "one pass: the same text (with a seed, sampled too), in fewer steps where the reply "
-                        "repeats its prompt")
+                        "repeats its prompt; suffix also drafts from earlier requests' replies (what an "
+                        "agent or a tool repeats from request to request); draft: a draft model's greedy "
+                        "tokens (--model-draft)")
     p.add_argument("--draft-max", type=int, default=16, help="tokens drafted a step at most (--spec-type)")
+    p.add_argument("--model-draft", "-md", default=None, metavar="MODEL",
+                   help="a smaller model with the same tokenizer that drafts (--spec-type draft, its default then)")
 
 
-def speculative(args) -> int:
-    """The --spec-type and --draft-max flags as Options.speculative, checked."""
+def speculative(args) -> dict:
+    """The --spec-type, --draft-max and --model-draft flags as Options' speculative and
+    spec_type, checked (--model-draft alone means --spec-type draft)."""
+    if args.model_draft is not None and args.spec_type == "none":
+        args.spec_type = "draft"
+    if args.spec_type == "draft" and args.model_draft is None:
+        raise InfernoError("--spec-type draft needs --model-draft (a smaller model with the same tokenizer)",
+                           params=("spec_type",))
     if args.spec_type == "none":
-        return 0
+        return {"speculative": 0}
     if not 1 <= args.draft_max <= DRAFT_MAX:
         raise InfernoError(f"--draft-max must be between 1 and {DRAFT_MAX}, got {args.draft_max}",
                            params=("speculative",))
-    return args.draft_max
+    return {"speculative": args.draft_max, "spec_type": args.spec_type}
 
 
 def check_flags(args) -> None:
@@ -239,9 +249,11 @@ def load_engine(args, trace: bool = False):
     from inferno.engine import load
     engine = load(args.model, backend=args.backend, flash=args.flash == "on", trace=trace,
                   cache_type=args.cache_type, ctx_size=args.ctx_size, weights=args.weights,
-                  **backend_options(args))
+                  draft=getattr(args, "model_draft", None), **backend_options(args))
     print(f"load: {engine.load_s:.2f} s ({engine.source}, {engine.backend} backend{engine.size_note})",
           file=sys.stderr)
+    if engine.draft is not None:
+        print(f"draft: {engine.draft.load_s:.2f} s ({engine.draft.source}{engine.draft.size_note})", file=sys.stderr)
     given = {f: getattr(args, f) for f in SAMPLING_FIELDS}
     print(f"sampling: {as_flags(engine.sampling.describe(given), SAMPLING_FIELDS)}", file=sys.stderr)
     return engine
@@ -325,7 +337,7 @@ def cmd_generate(args) -> int:
                   "as raw text, as --raw does", file=sys.stderr)
         try:
             stream = engine.stream(prompt, system=args.system, think=not args.no_think, raw=args.raw,
-                                   speculative=speculative(args),
+                                   **speculative(args),
                                    **constraint_options(args), **sampling_options(args))
         except InfernoError as e:  # a schema or grammar the library refused: name the flag
             flag = {("grammar",): "--grammar-file", ("json_schema",): "--json-schema"}.get(e.params)
@@ -378,7 +390,7 @@ def cmd_chat(args) -> int:
     engine = load_engine(args)
     try:
         return run_chat(engine, system=args.system, think=not args.no_think, verbose=args.verbose,
-                        format_stats=format_stats, speculative=speculative(args), **sampling_options(args))
+                        format_stats=format_stats, **speculative(args), **sampling_options(args))
     finally:
         engine.close()
 
@@ -401,7 +413,7 @@ def cmd_serve(args) -> int:
                           parallel=args.parallel, ctx_size=args.ctx_size,
                           queue_limit=args.queue_limit, chunk=args.prefill_chunk,
                           api_key=args.api_key or os.environ.get("INFERNO_API_KEY") or None,
-                          model_id=args.alias, speculative=speculative(args))
+                          model_id=args.alias, model_draft=args.model_draft, **speculative(args))
     if args.ray:
         from inferno.serve.ray_app import run
         return run(config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address)

@@ -5,12 +5,30 @@ Prompt lookup (n-gram), as prompt-lookup decoding, vLLM's `ngram` and llama.cpp'
 included) occurred, longest n first, and propose the tokens that followed it there. A reply that
 quotes, summarises or edits its prompt repeats long runs of it, and each run the pass accepts is
 that many decode steps saved; free chat finds few matches and drafts nothing.
+
+Suffix drafts, as SuffixDecoding (Oliaro et al.) and vLLM's `suffix`: prompt lookup, and also
+the replies of earlier requests (a Replies index the engine keeps), so that what agents and tools
+repeat from request to request (the same JSON keys, the same tool call, the same code) is drafted
+before this sequence has ever said it. The longer context match wins; among earlier replies that
+continue one context, the continuation most of them share.
+
+A draft model, as llama.cpp's `-md` and vLLM's `draft_model`: a smaller model that shares the
+target's vocabulary proposes its own greedy continuation, from a KV slot of its own that follows
+the sequence (ModelDrafter).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+
+import numpy as np
+
+from inferno.model.decoder import UBATCH, Segment
+
 NGRAM_MAX, NGRAM_MIN = 3, 2  # the longest and shortest run matched: one token alone drafts badly
 DRAFT_MAX = 64
+SPEC_TYPES = ("ngram", "suffix", "draft")
 
 
 def next_length(length: int, drafted: int, accepted: int, most: int) -> int:
@@ -23,7 +41,7 @@ def next_length(length: int, drafted: int, accepted: int, most: int) -> int:
 
 
 class NgramDrafter:
-    """One sequence's drafts (the interface every drafter has: `propose` up to some tokens,
+    """One sequence's drafts by prompt lookup (the interface every drafter has: `propose` up to some tokens,
     `learn` from how many the model confirmed). The length follows next_length; a draft the
     model rejects from its first token also pauses drafting, for 1, 2, 4 ... up to BACKOFF_MAX
     steps while that goes on, so free text, where lookups rarely hold, pays for few checks."""
@@ -43,7 +61,10 @@ class NgramDrafter:
         if self.wait:
             self.wait -= 1
             return []
-        return ngram_draft(tokens, min(self.length, room))
+        return self.draft(tokens, min(self.length, room))
+
+    def draft(self, tokens: list[int], k: int) -> list[int]:
+        return ngram_draft(tokens, k)
 
     def learn(self, drafted: int, accepted: int) -> None:
         self.length = next_length(self.length, drafted, accepted, self.most)
@@ -57,14 +78,187 @@ class NgramDrafter:
 def ngram_draft(tokens: list[int], k: int, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN) -> list[int]:
     """Up to `k` tokens that followed the latest earlier occurrence of the last n of `tokens`
     (n from n_max down to n_min); none where no such occurrence exists."""
+    start, _ = ngram_place(tokens, n_max, n_min)
+    return tokens[start:start + k] if start and k > 0 else []
+
+
+def ngram_place(tokens: list[int], n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN) -> tuple[int, int]:
+    """Where the tokens that followed the latest earlier occurrence of the sequence's last n
+    tokens begin (n from n_max down to n_min), and how much context it shares (at least n);
+    (0, 0) where none occurred."""
     size = len(tokens)
-    if k < 1:
-        return []
     for n in range(min(n_max, size - 1), n_min - 1, -1):
         tail = tokens[size - n:]
         first = tail[0]
         # the latest start i < size - n with tokens[i:i + n] == tail
         for i in range(size - n - 1, -1, -1):
             if tokens[i] == first and tokens[i:i + n] == tail:
-                return tokens[i + n:i + n + k]
-    return []
+                return i + n, match_length(tokens, size, tokens, i + n)
+    return 0, 0
+
+
+def match_length(tokens: list[int], end: int, other: list[int], other_end: int, most: int = 64) -> int:
+    """How many tokens before `end` in `tokens` equal those before `other_end` in `other`, up to
+    `most`: how much context an earlier occurrence shares."""
+    n = 0
+    while n < most and n < end and n < other_end and tokens[end - 1 - n] == other[other_end - 1 - n]:
+        n += 1
+    return n
+
+
+class Replies:
+    """The latest replies of every request, indexed by their NGRAM_MAX-grams, for suffix drafts.
+
+    Bounded: at most `budget` tokens are held; adding a reply past it drops the oldest whole,
+    with its places in the index, and an n-gram keeps its FANOUT latest places only. A gram is
+    one int key and a place one int (reply number, end), a list only where a gram recurs, so a
+    held token costs about 200 bytes: the default 65,536 tokens, a few hundred replies, some
+    13 MB."""
+
+    FANOUT = 16
+
+    def __init__(self, budget: int = 1 << 16):
+        self.budget = budget
+        self.held = 0
+        self.replies: deque[tuple[int, list[int]]] = deque()  # (number, tokens), oldest first
+        self.by_number: dict[int, list[int]] = {}
+        self.places: dict[int, int | list[int]] = {}  # gram -> place, or places (latest last)
+        self.added = 0
+        self.lock = threading.Lock()  # an engine's streams may run in several threads
+
+    def add(self, tokens: list[int]) -> None:
+        tokens = list(tokens)
+        if len(tokens) <= NGRAM_MAX or len(tokens) > self.budget:
+            return
+        with self.lock:
+            self._add(tokens)
+
+    def _add(self, tokens: list[int]) -> None:
+        number, self.added = self.added, self.added + 1
+        self.replies.append((number, tokens))
+        self.by_number[number] = tokens
+        self.held += len(tokens)
+        for end in range(NGRAM_MAX, len(tokens)):  # each gram with a token after it
+            key, place = gram(tokens, end), number << 32 | end
+            had = self.places.get(key)
+            if had is None:
+                self.places[key] = place
+            elif isinstance(had, int):
+                self.places[key] = [had, place]
+            else:
+                had.append(place)
+                if len(had) > self.FANOUT:
+                    del had[0]
+        while self.held > self.budget:
+            self._drop()
+
+    def _drop(self) -> None:
+        old, gone = self.replies.popleft()
+        del self.by_number[old]
+        self.held -= len(gone)
+        for end in range(NGRAM_MAX, len(gone)):
+            key = gram(gone, end)
+            had = self.places.get(key)
+            if had is None:
+                continue
+            kept = [p for p in ([had] if isinstance(had, int) else had) if p >> 32 != old]
+            if not kept:
+                del self.places[key]
+            else:
+                self.places[key] = kept[0] if len(kept) == 1 else kept
+
+    def draft(self, tokens: list[int], k: int) -> tuple[list[int], int]:
+        """Up to `k` tokens to follow `tokens`, from the earlier replies that share the longest
+        context with its end (at least NGRAM_MAX tokens), and that context's length; ([], 0)
+        where none does. Token by token, the continuation a majority of those replies take."""
+        if k < 1 or len(tokens) < NGRAM_MAX:
+            return [], 0
+        with self.lock:
+            had = self.places.get(gram(tokens, len(tokens)))
+            if had is None:
+                return [], 0
+            runs = [(self.by_number[p >> 32], p & 0xFFFFFFFF) for p in ([had] if isinstance(had, int) else had)]
+        return vote(tokens, runs, k)
+
+
+def gram(tokens: list[int], end: int) -> int:
+    """The NGRAM_MAX tokens before `end` as one int (token ids below 2**24)."""
+    key = 0
+    for t in tokens[end - NGRAM_MAX:end]:
+        key = key << 24 | t
+    return key
+
+
+def vote(tokens: list[int], runs: list[tuple[list[int], int]], k: int) -> tuple[list[int], int]:
+    """Of the places (reply, end) that follow a context like `tokens`' end, those sharing the
+    longest one; token by token, the continuation a majority of them take, up to `k` tokens.
+    Returns the draft and that context's length."""
+    scored = [(match_length(tokens, len(tokens), reply, end), reply, end) for reply, end in runs]
+    best = max(s for s, _, _ in scored)
+    runs = [(reply, end) for s, reply, end in scored if s == best]
+    draft: list[int] = []
+    while len(draft) < k:
+        at = len(draft)
+        counts: dict[int, int] = {}
+        for reply, end in runs:
+            if end + at < len(reply):
+                counts[reply[end + at]] = counts.get(reply[end + at], 0) + 1
+        if not counts:
+            break
+        token, votes = max(counts.items(), key=lambda kv: kv[1])
+        if len(runs) > 1 and 2 * votes <= len(runs):  # no majority: the replies part here
+            break
+        draft.append(token)
+        runs = [(reply, end) for reply, end in runs if end + at < len(reply) and reply[end + at] == token]
+    return draft, best
+
+
+class SuffixDrafter(NgramDrafter):
+    """Prompt lookup over the sequence itself, and the earlier replies in `replies`: whichever
+    shares the longer context with the sequence's end drafts (the sequence itself on a tie);
+    the length and the pauses follow NgramDrafter's rules."""
+
+    def __init__(self, most: int, replies: Replies):
+        super().__init__(most)
+        self.replies = replies
+
+    def draft(self, tokens: list[int], k: int) -> list[int]:
+        own, shared = ngram_place(tokens)
+        theirs, context = self.replies.draft(tokens, k)
+        if theirs and context > shared:
+            return theirs
+        return tokens[own:own + k] if own else []
+
+
+
+class ModelDrafter(NgramDrafter):
+    """Drafts by a draft model: its greedy continuation of the sequence. `slots` are the draft
+    model's, paired with the target's (Slots.paired), and `slot` is the sequence's own slot
+    number there, so that a slot's rows follow one sequence and outlive it for the next
+    prompt that shares its prefix. Before each draft the slot is cut back to the longest prefix
+    it shares with the sequence (the tokens the target rejected go), and what the sequence
+    took since is fed in one pass; each drafted token but the last is fed to draft the next.
+    The length and the pauses follow NgramDrafter's rules."""
+
+    def __init__(self, most: int, slots, slot: int):
+        super().__init__(most)
+        self.slots, self.slot = slots, slot
+
+    def draft(self, tokens: list[int], k: int) -> list[int]:
+        if k < 1:
+            return []
+        slots, slot = self.slots, self.slot
+        model = slots.model
+        slots.reserve(len(tokens) + k)
+        held = slots.keep_prefix(slot, tokens)
+        feed, draft = tokens[held:], []
+        while len(draft) < k:
+            for start in range(0, len(feed), UBATCH):  # a long prompt in passes, as prefill's
+                ids = np.asarray(feed[start:start + UBATCH], dtype=np.int64)
+                last = start + UBATCH >= len(feed)
+                logits = model.step([Segment(ids, slot, held, logits=last)], slots.cache)
+                slots.wrote(slot, held, ids)
+                held += ids.size
+            draft.append(int(np.argmax(model.ops.to_numpy(logits)[-1])))
+            feed = draft[-1:]
+        return draft

@@ -26,9 +26,10 @@ from inferno.backends.tracing import TracingBackend
 from inferno.constrain import Grammar, Grammars
 from inferno.tools import detect_format, for_template, supports_tools
 from inferno.errors import InfernoError
+from inferno.draft import Replies
 from inferno.loading.loader import Checkpoint, open_checkpoint
 from inferno.model.decoder import UBATCH, DecoderModel, Segment
-from inferno.loading.resolve import alias_sampling, resolve
+from inferno.loading.resolve import DEFAULT_MODEL, alias_sampling, resolve
 from inferno.sampling import SamplingDefaults
 from inferno.scheduler import Scheduler, Slots
 from inferno.sequence import Options, Sequence, TokenLogprob
@@ -146,6 +147,8 @@ class Engine:
             self._solo_free = True
         # The load's arguments (ahead.Plan) and the helper process it started, if any.
         self.plan, self.helper = ahead, None
+        self.replies = Replies()  # every request's reply, for suffix drafts (draft.py)
+        self.draft: Engine | None = None  # a draft model (load's `draft`), for spec_type "draft"
         if warm_up:
             self._load_warm_up(ops, ahead)
         # The tracer goes on after the warm-up, so its histogram holds only the user's calls.
@@ -221,7 +224,8 @@ class Engine:
                stop: str | list[str] | tuple[str, ...] = (), presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
                logprobs: bool = False, top_logprobs: int = 0, json_schema: dict | str | None = None,
-               grammar: str | None = None, speculative: int = 0, **sampling) -> Stream:
+               grammar: str | None = None, speculative: int = 0, spec_type: str = "ngram",
+               **sampling) -> Stream:
         """Generate a reply as an iterator of text pieces; `.result` holds the stats afterwards.
 
         `max_tokens` None: up to DEFAULT_MAX_TOKENS, or fewer where the context ends first
@@ -234,7 +238,8 @@ class Engine:
         result.logprobs. `json_schema` (a JSON Schema, as a dict or JSON text) or `grammar`
         (GBNF, as llama.cpp takes it) constrains the reply: every token is masked to what the
         grammar allows, so a complete reply always parses. `speculative` k drafts up to k tokens
-        a step by prompt lookup (draft.py) and checks them in the step's one forward pass: the
+        a step by prompt lookup (draft.py; `spec_type="suffix"`: from this engine's earlier
+        replies too) and checks them in the step's one forward pass: the
         tokens are taken as plain steps take them (sampling, penalties, stops and grammar alike),
         in fewer steps where the reply repeats its prompt; on backends whose products are
         batch-invariant (simd, pool) the same text as without, greedy or seeded.
@@ -257,7 +262,7 @@ class Engine:
         options = self.options(max_tokens=max_tokens, stop=stop, presence_penalty=presence_penalty,
                                frequency_penalty=frequency_penalty, logit_bias=logit_bias,
                                logprobs=logprobs, top_logprobs=top_logprobs, grammar=constraint,
-                               speculative=speculative, **sampling)
+                               speculative=speculative, spec_type=spec_type, **sampling)
         self._check_fits(ids.size, max_tokens, ctx_size)
         need = ids.size + max_tokens
         slots = session._slots(self, need) if session is not None else need
@@ -283,18 +288,28 @@ class Engine:
     def options(self, *, max_tokens: int = 256, stop=(), presence_penalty: float = 0.0,
                 frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
                 logprobs: bool = False, top_logprobs: int = 0, seed: int | None = None,
-                grammar: Grammar | None = None, speculative: int = 0, **sampling) -> Options:
+                grammar: Grammar | None = None, speculative: int = 0, spec_type: str = "ngram",
+                **sampling) -> Options:
         """One generation's Options, checked: what stream takes, as the server builds them."""
         stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
         bias = tuple((int(t), float(b)) for t, b in (logit_bias or {}).items())
         opts = Options(max_tokens=max_tokens, sampling=self.sampling.params(seed=seed, **sampling),
                        stop=stop, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                        logit_bias=bias, logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar,
-                       speculative=speculative)
-        opts.check(self.config.vocab_size)
+                       speculative=speculative, spec_type=spec_type)
+        self.check_options(opts)
         return opts
 
+    def check_options(self, opts: Options) -> None:
+        """Options no generation of this model can take, as one error naming the option."""
+        opts.check(self.config.vocab_size)
+        if opts.speculative and opts.spec_type == "draft" and self.draft is None:
+            raise InfernoError("spec_type draft needs a draft model: load it with the target (--model-draft; "
+                               "inferno.load(..., draft=...))", params=("spec_type",))
+
     def close(self) -> None:
+        if self.draft is not None:
+            self.draft.close()
         self.ops.close()
 
     def __enter__(self):
@@ -504,7 +519,8 @@ def check_cache_type(cache_type: str) -> str:
 
 def load(model: str | None = None, backend: str = DEFAULT_BACKEND, *, flash: bool = True, trace: bool = False,
          progress: bool | None = None, cache_type: str | None = None, ctx_size: int | None = None,
-         weights: str | None = None, warm_up: bool = True, **backend_options) -> Engine:
+         weights: str | None = None, warm_up: bool = True, draft: str | None = None,
+         **backend_options) -> Engine:
     """Load `model` onto `backend` (pool, the default; simd; cpu, the numpy reference; torch;
     gpu). `model` is a folder, a .gguf file, a hub id or an alias; None is the default model
     (smollm2-135m), fetched on first use.
@@ -517,7 +533,8 @@ def load(model: str | None = None, backend: str = DEFAULT_BACKEND, *, flash: boo
     holds in blocks stay as they are. Values that do not depend on the model are checked before
     anything loads; ctx_size against the model's context right after its config is read.
     `warm_up` False skips the warm-up (Engine._load_warm_up): the first reply then compiles or
-    loads its kernels as it goes."""
+    loads its kernels as it goes. `draft` names a draft model for speculative decoding
+    (spec_type="draft"), loaded the same way; its vocabulary must be the target's."""
     check_ctx_size(ctx_size)
     if cache_type is not None:
         check_cache_type(cache_type)
@@ -537,12 +554,32 @@ def load(model: str | None = None, backend: str = DEFAULT_BACKEND, *, flash: boo
         alias = alias_sampling(model)
         if alias:
             checkpoint.sampling.append(alias)
-        return Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0, trace=trace,
-                      cache_type=cache_type, ctx_size=ctx_size, warm_up=warm_up,
-                      ahead=_plan(path, backend, flash, cache_type, weights, backend_options))
+        engine = Engine(checkpoint, ops, flash=flash, load_s=time.perf_counter() - t0, trace=trace,
+                        cache_type=cache_type, ctx_size=ctx_size, warm_up=warm_up,
+                        ahead=_plan(path, backend, flash, cache_type, weights, backend_options))
     except BaseException:
         ops.close()  # give back threads, BLAS settings, device memory
         raise
+    if draft is not None:
+        try:
+            engine.draft = load(draft, backend, flash=flash, progress=progress, cache_type=cache_type,
+                                weights=weights, warm_up=warm_up, **backend_options)
+            check_same_vocabulary(engine, engine.draft, model, draft)
+        except BaseException:
+            engine.close()
+            raise
+    return engine
+
+
+def check_same_vocabulary(target: Engine, draft: Engine, target_name, draft_name) -> None:
+    """A draft model's tokens must mean the target's: the same vocabulary, token for token
+    (llama.cpp's check), else one error naming both."""
+    a, b = target.tokenizer.hf.get_vocab(with_added_tokens=True), draft.tokenizer.hf.get_vocab(with_added_tokens=True)
+    if a != b or target.config.vocab_size != draft.config.vocab_size:
+        differ = len(a.items() ^ b.items()) // 2 or abs(target.config.vocab_size - draft.config.vocab_size)
+        raise InfernoError(f"the draft model {draft_name} ({len(b)} tokens) does not share the vocabulary of "
+                           f"{target_name or DEFAULT_MODEL} ({len(a)} tokens; {differ} differ): speculative "
+                           f"decoding needs a draft with the target's tokenizer", params=("draft",))
 
 
 def _plan(path, backend: str, flash: bool, cache_type, weights, backend_options: dict):

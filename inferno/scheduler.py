@@ -33,6 +33,7 @@ from collections import deque
 
 import numpy as np
 
+from inferno.draft import ModelDrafter, NgramDrafter, SuffixDrafter
 from inferno.model.decoder import Segment
 from inferno.sequence import Event, Sequence, decode_rows, masks_for
 
@@ -70,6 +71,7 @@ class Slots:
         self.used = [0] * count  # when each slot was last taken: least recently used goes first
         self._clock = itertools.count(1)
         self._runner: tuple = (None, None)  # (the cache it was made for, the device runner)
+        self._paired: Slots | None = None  # a draft model's slots (paired)
 
     @property
     def count(self) -> int:
@@ -87,9 +89,27 @@ class Slots:
         slot = max(free, key=lambda s: (shared[s], -self.used[s]))  # ties: the least recently used
         self.busy[slot], self.used[slot] = True, next(self._clock)
         self.truncate(slot, shared[slot])
+        self.reserve(need)
+        return slot, self.borrow(slot, prompt)
+
+    def reserve(self, need: int) -> None:
+        """Room for `need` positions in every slot (a growable cache grows; else ValueError)."""
         if need > self.cache.capacity:
             self._grow(need)
-        return slot, self.borrow(slot, prompt)
+
+    def keep_prefix(self, slot: int, tokens: list[int]) -> int:
+        """Cut `slot` back to the longest prefix of `tokens` it holds, short of the last token
+        (whose logits are wanted, so it is fed again); returns the positions kept."""
+        n = min(common_prefix(self.tokens[slot], tokens), len(tokens) - 1)
+        self.truncate(slot, n)
+        return n
+
+    def paired(self, model) -> "Slots":
+        """Slots of a draft `model` paired with these: as many, as large, growable alike; made
+        on first use and kept with these, so a session's next turn finds its draft rows too."""
+        if self._paired is None or self._paired.model is not model:
+            self._paired = Slots(model, self.count, self.cache.capacity, growable=self.growable)
+        return self._paired
 
     def borrow(self, slot: int, prompt: list[int]) -> int:
         """Copy into `slot` the rows of the longest prefix of `prompt` another slot holds beyond
@@ -179,6 +199,8 @@ class Scheduler:
         self.generated = 0
         self.drafted = self.accepted = 0  # speculative tokens proposed, and confirmed
         self.shared: dict[tuple[Sequence, Sequence], int] = {}  # _shared's, by pair
+        self.replies = engine.replies  # earlier requests' replies, for suffix drafts (draft.py)
+        self.draft = engine.draft  # a draft model's Engine, or None
 
     @property
     def busy(self) -> bool:
@@ -264,6 +286,8 @@ class Scheduler:
         can give (Slots.take): those rows are not prefilled."""
         seq.slot, seq.pos = self.slots.take(seq.prompt, len(seq.prompt) + seq.options.max_tokens)
         self._reused(seq, seq.pos)
+        if seq.options.speculative:
+            seq.drafter = self._drafter(seq)
         self.running.append(seq)
 
     def _catch_up(self, seq: Sequence, ahead: list[Sequence]) -> bool:
@@ -286,6 +310,15 @@ class Scheduler:
         return self.shared[key]
 
     # -- speculative decoding: drafts checked in the step's one forward pass --------------------
+    def _drafter(self, seq: Sequence):
+        """The drafter (draft.py) of a sequence whose options ask for drafts."""
+        kind, most = seq.options.spec_type, seq.options.speculative
+        if kind == "suffix":
+            return SuffixDrafter(most, self.replies)
+        if kind == "draft":
+            return ModelDrafter(most, self.slots.paired(self.draft.model), seq.slot)
+        return NgramDrafter(most)
+
     def _draft(self, seq: Sequence) -> np.ndarray:
         """Tokens to check after `seq`'s last one this step (draft.py's prompt lookup), as many
         as its options allow and its reply and slot have room for; none for most sequences."""
@@ -441,6 +474,8 @@ class Scheduler:
         for seq in self.running:
             if seq.finished:
                 self.slots.release(seq.slot)
+                if isinstance(seq.drafter, SuffixDrafter) and seq.finish_reason in ("stop", "length"):
+                    self.replies.add(seq.sampled)
         self.running = [s for s in self.running if not s.finished]
         if self.shared:
             self.shared = {k: v for k, v in self.shared.items() if not (k[0].finished or k[1].finished)}

@@ -16,7 +16,7 @@ import numpy as np
 
 from inferno.backends.base import DecodeRows, SlotStart
 from inferno.constrain import apply_mask, fill_masks
-from inferno.draft import DRAFT_MAX, NgramDrafter
+from inferno.draft import DRAFT_MAX, SPEC_TYPES
 from inferno.errors import InfernoError
 from inferno.sampling import SamplingParams, sample
 from inferno.tools import CallGuard
@@ -42,7 +42,8 @@ class Options:
     top_logprobs: int = 0  # and the k likeliest alternatives
     grammar: object = None  # a constrain.Grammar (JSON schema, GBNF...): each token masked to it
     tool_format: str | None = None  # tools.FORMATS: the reply holds calls; a repeated one ends it
-    speculative: int = 0  # up to this many tokens drafted a step by prompt lookup (draft.py)
+    speculative: int = 0  # up to this many tokens drafted a step (draft.py)
+    spec_type: str = "ngram"  # how: prompt lookup, or "suffix" (earlier requests' replies too)
 
     def check(self, vocab_size: int) -> None:
         """The values no sampler can take, as one error naming the option."""
@@ -58,6 +59,9 @@ class Options:
         if not 0 <= self.speculative <= DRAFT_MAX:
             raise InfernoError(f"speculative (--draft-max) must be between 0 and {DRAFT_MAX}, got "
                                f"{self.speculative}", params=("speculative",))
+        if self.spec_type not in SPEC_TYPES:
+            raise InfernoError(f"spec_type must be one of {', '.join(SPEC_TYPES)}, got {self.spec_type!r}",
+                               params=("spec_type",))
 
 
 @dataclass
@@ -219,7 +223,7 @@ class Sequence:
         self._lps: list[TokenLogprob] = []
         self.finish_reason: str | None = None
         self.drafted = self.accepted = 0  # speculative tokens proposed, and confirmed by the model
-        self.drafter = NgramDrafter(options.speculative) if options.speculative else None
+        self.drafter = None  # draft.py's, set by the scheduler at admission where options ask
         self.arrival = arrival
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None

@@ -1,4 +1,5 @@
-"""Speculative decoding by prompt lookup (inferno/draft.py, Scheduler._draft and _verify).
+"""Speculative decoding by prompt lookup and suffix drafts (inferno/draft.py, Scheduler._draft
+and _verify).
 
 The oracle is decoding without it: at temperature 0 every token a verifying step gives is the
 model's own pick at that row, so the text must be the same, byte for byte, on the backends whose
@@ -10,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import inferno
-from inferno.draft import DRAFT_MAX, NgramDrafter, next_length, ngram_draft
+from inferno.draft import DRAFT_MAX, NgramDrafter, Replies, SuffixDrafter, next_length, ngram_draft
 from inferno.errors import InfernoError
 from inferno.loading.resolve import resolve
 from inferno.scheduler import Scheduler
@@ -54,6 +55,43 @@ def test_drafts_that_keep_failing_pause_drafting_longer_each_time():
     assert waits == [1, 2, 4, 8] and sizes == [2, 1, 1, 1]
     d.learn(1, 1)
     assert d.backoff == 0 and d.propose(tokens, 1) == [3]
+
+
+def test_earlier_replies_draft_what_most_of_them_said_next():
+    r = Replies()
+    r.add([5, 6, 7, 8, 9, 10, 11])
+    r.add([1, 6, 7, 8, 9, 10, 12])
+    r.add([2, 6, 7, 8, 9, 10, 11, 13])
+    assert r.draft([0, 7, 8, 9], 5) == ([10, 11], 3)  # 11 twice against 12 once; then they part
+    assert r.draft([6, 7, 8, 9], 5) == ([10, 11], 4)  # (the context shared, 4 tokens)
+    assert r.draft([0, 1, 2, 3], 5) == ([], 0) and r.draft([7, 8, 9], 0) == ([], 0)
+    r.add([4, 4, 7, 8, 9, 20, 21])
+    assert r.draft([4, 4, 7, 8, 9], 5) == ([20, 21], 5)  # the longest shared context wins over a majority
+
+
+def test_earlier_replies_hold_no_more_than_their_budget():
+    r = Replies(budget=40)
+    for i in range(10):
+        r.add(list(range(100 + 10 * i, 110 + 10 * i)))
+    assert r.held == 40 and [n for n, _ in r.replies] == [6, 7, 8, 9]  # the oldest dropped whole
+    kept = {n for n, _ in r.replies}
+    places = [p for had in r.places.values() for p in ([had] if isinstance(had, int) else had)]
+    assert {p >> 32 for p in places} == kept  # their places gone with them
+    assert len(r.places) == 4 * (10 - 3)
+    assert r.draft([103, 104, 105], 4) == ([], 0)
+    assert r.draft([193, 194, 195], 9) == ([196, 197, 198, 199], 3)
+    r.add(list(range(41)))  # longer than the whole budget: not kept
+    assert r.held == 40
+
+
+def test_suffix_drafts_come_from_whichever_shares_the_longer_context():
+    r = Replies()
+    r.add([7, 1, 2, 3, 4, 50, 51, 52])
+    d = SuffixDrafter(8, r)
+    assert d.draft([9, 2, 3, 4], 3) == [50, 51, 52]  # only an earlier reply knows 2 3 4
+    assert d.draft([5, 1, 2, 3, 4, 60, 7, 1, 2, 3, 4], 3) == [50, 51, 52]  # 5 shared against 4
+    assert d.draft([1, 2, 3, 4, 60, 9, 1, 2, 3, 4], 3) == [60, 9, 1]  # 4 against 4: its own
+    assert d.draft([8, 8, 8], 3) == [8] and d.draft([0, 1], 3) == []
 
 
 @pytest.fixture(scope="module", params=["simd", "pool"])
@@ -131,10 +169,76 @@ def test_a_grammar_rejects_a_draft_that_breaks_it(engine):
     assert fast.token_ids == plain.token_ids and fast.drafted_tokens > 0
 
 
+def test_suffix_drafts_an_earlier_requests_reply(engine, monkeypatch):
+    """A free prompt that prompt lookup drafts little of, asked twice with suffix drafts: the
+    second time the first reply drafts it (most of it accepted), and the text is the same."""
+    monkeypatch.setattr(engine, "replies", Replies())
+    ask = dict(max_tokens=48, temperature=0, speculative=8)
+    plain = engine.generate(PROMPTS[3], max_tokens=48, temperature=0)
+    looked_up = engine.generate(PROMPTS[3], **ask)
+    first = engine.generate(PROMPTS[3], **ask, spec_type="suffix")
+    held = engine.replies.held  # the reply kept, with its EOS where it ended with one
+    second = engine.generate(PROMPTS[3], **ask, spec_type="suffix")
+    assert plain.token_ids == looked_up.token_ids == first.token_ids == second.token_ids
+    assert held - len(first.token_ids) == (first.finish_reason == "stop")
+    assert second.accepted_tokens >= len(second.token_ids) // 2 > looked_up.accepted_tokens
+
+
+@pytest.fixture(scope="module")
+def drafted(engine):
+    """The engine's model with itself as the draft model: every draft is the target's own
+    greedy continuation, so every drafted token must be accepted."""
+    model = str(resolve("smollm2-135m"))
+    with inferno.load(model, engine.backend, progress=False, draft=model) as e:
+        yield e
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[2:])
+def test_a_draft_model_drafts_in_step_with_the_sequence(drafted, prompt):
+    """The draft model's slot follows the sequence (its prompt in one pass, then each
+    accepted token, rejected rows cut away): drafting with the target itself, greedy, every
+    drafted token is the target's pick, on a free prompt that prompt lookup drafts little of."""
+    plain = drafted.generate(prompt, max_tokens=64, temperature=0)
+    fast = drafted.generate(prompt, max_tokens=64, temperature=0, speculative=8, spec_type="draft")
+    assert fast.token_ids == plain.token_ids and fast.text == plain.text
+    assert fast.accepted_tokens == fast.drafted_tokens >= len(fast.token_ids) // 2
+    again = drafted.generate(prompt + " Be brief.", max_tokens=24, temperature=0.8, seed=3, speculative=8,
+                             spec_type="draft")  # the slot, reused, cut back to the shared prefix
+    assert again.token_ids == drafted.generate(prompt + " Be brief.", max_tokens=24, temperature=0.8,
+                                               seed=3).token_ids
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(qwen3_dir, tmp_path_factory):
+    """The tiny Qwen3 (its weights as Q8_0, whose products are batch-invariant) and a draft
+    of another size and seed with the same tokenizer: drafts that are mostly wrong."""
+    from tiny import make_model
+    draft = make_model(tmp_path_factory.mktemp("draft"), "qwen3", hidden=32, heads=2, kv_heads=1, seed=7)
+    with inferno.load(str(qwen3_dir), "simd", weights="q8_0", draft=str(draft), progress=False) as e:
+        yield e
+
+
+def test_a_wrong_draft_model_changes_nothing(tiny_pair):
+    for prompt in ("hello there", "the cat sat on the mat and the cat"):
+        plain = tiny_pair.generate(prompt, max_tokens=40, temperature=0, raw=True)
+        fast = tiny_pair.generate(prompt, max_tokens=40, temperature=0, raw=True, speculative=4, spec_type="draft")
+        assert fast.token_ids == plain.token_ids and fast.drafted_tokens > fast.accepted_tokens
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(qwen3_dir):
+    with pytest.raises(InfernoError, match="does not share the vocabulary") as e:
+        inferno.load(str(qwen3_dir), "simd", draft="smollm2-135m", progress=False, warm_up=False)
+    assert "smollm2-135m" in str(e.value) and str(qwen3_dir) in str(e.value)
+
+
 def test_draft_max_out_of_range_is_refused(engine):
     with pytest.raises(InfernoError, match=f"between 0 and {DRAFT_MAX}"):
         engine.options(temperature=0, speculative=DRAFT_MAX + 1)
     assert engine.options(temperature=0, speculative=DRAFT_MAX).speculative == DRAFT_MAX
+    with pytest.raises(InfernoError, match="spec_type must be one of ngram, suffix, draft"):
+        engine.options(temperature=0, speculative=4, spec_type="eagle")
+    with pytest.raises(InfernoError, match="needs a draft model"):
+        engine.options(temperature=0, speculative=4, spec_type="draft")
 
 
 def test_the_server_drafts_for_every_request_that_can_take_it():
@@ -162,17 +266,26 @@ def test_the_server_drafts_for_every_request_that_can_take_it():
         assert details.accepted_prediction_tokens <= fast.usage.completion_tokens
         with pytest.raises(openai.BadRequestError, match="speculative"):
             client.chat.completions.create(**ask, extra_body={"speculative": 1000})
+        suffix = [client.chat.completions.create(**ask, extra_body={"spec_type": "suffix"}) for _ in range(2)]
+        assert {s.choices[0].message.content for s in suffix} == {plain.choices[0].message.content}
+        assert (suffix[1].usage.completion_tokens_details.accepted_prediction_tokens
+                >= suffix[0].usage.completion_tokens_details.accepted_prediction_tokens)
+        with pytest.raises(openai.BadRequestError, match="spec_type"):
+            client.chat.completions.create(**ask, extra_body={"spec_type": "eagle"})
+        with pytest.raises(openai.BadRequestError, match="needs a draft model"):
+            client.chat.completions.create(**ask, extra_body={"spec_type": "draft"})
         metrics = httpx.get(url + "/metrics").text
         accepted = [ln for ln in metrics.splitlines() if ln.startswith("inferno_draft_accepted_tokens_total")]
         assert accepted and float(accepted[0].split()[1]) >= details.accepted_prediction_tokens
 
 
-@pytest.mark.parametrize("flags,message", [(["--draft-max", "99"], "--draft-max must be between 1 and 64")])
+@pytest.mark.parametrize("flags,message", [(["--spec-type", "ngram", "--draft-max", "99"], "--draft-max must be between 1 and 64"),
+                                           (["--spec-type", "draft"], "--spec-type draft needs --model-draft")])
 def test_the_cli_refuses_what_cannot_run_before_loading(flags, message):
     import subprocess
     import sys
-    p = subprocess.run([sys.executable, "-m", "inferno", "generate", "-m", "no-such-model", "-p", "hi",
-                        "--spec-type", "ngram", *flags], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "inferno", "generate", "-m", "no-such-model", "-p", "hi", *flags],
+                       capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and message in p.stderr and "load:" not in p.stderr
 
 
@@ -190,3 +303,14 @@ def test_chat_turns_with_drafts_give_the_same_replies(engine):
                  speculative=k)
         outs.append(out.getvalue())
     assert outs[0] == outs[1] and "Rhine" in outs[1]
+
+
+def test_the_cli_drafts_with_a_draft_model():
+    """-md alone turns drafting on (--spec-type draft), the draft's load is shown, and the
+    stats line counts its drafts."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "inferno", "generate", "-t", "0", "-n", "24", "-md", "smollm2-135m",
+                        "-p", "Write a short poem about the sea."], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "draft: " in p.stderr and "drafted tokens accepted" in p.stderr and p.stdout.strip()

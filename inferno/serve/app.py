@@ -60,7 +60,9 @@ class ServerConfig:
     weights: str | None = None
     api_key: str | None = None
     model_id: str | None = None
-    speculative: int = 0  # --spec-type ngram's --draft-max: every request's drafts, unless it says
+    speculative: int = 0  # --draft-max under --spec-type: every request's drafts, unless it says
+    spec_type: str = "ngram"  # --spec-type's drafter (draft.py)
+    model_draft: str | None = None  # --model-draft: a draft model, loaded with the target
 
     @property
     def served_name(self) -> str:
@@ -80,7 +82,7 @@ class ServerConfig:
         # OpenMP team on pool).
         return BatchEngine(lambda: load(self.model, backend=self.backend, flash=self.flash,
                                         cache_type=self.cache_type, weights=self.weights,
-                                        progress=False, **options),
+                                        draft=self.model_draft, progress=False, **options),
                            parallel=self.parallel, ctx_size=self.ctx_size,
                            queue_limit=self.queue_limit, chunk=self.chunk, metrics=metrics)
 
@@ -204,7 +206,7 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
             grammar = await compile_constraint(engine, {"lark": lark}, param="tools")
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, batch.ctx_size - len(ids))
         options = req.options(engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0, grammar,
-                              tool_format, config.speculative)
+                              tool_format, config.speculative, config.spec_type)
         return await respond(request, req, Response("chat", req.model, state.tokens, tool_format,
                                       fenced=grammar is not None and grammar.fenced),
                              submit(batch, ids, options, req.n, "max_completion_tokens"))
@@ -218,7 +220,7 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         grammar = await compile_constraint(batch.engine, req.constraint())
         max_tokens = req.max_tokens or max(1, batch.ctx_size - max(map(len, ids)))
         options = req.options(batch.engine.sampling, max_tokens, req.logprobs is not None, req.logprobs or 0, grammar,
-                              speculative=config.speculative)
+                              speculative=config.speculative, spec_type=config.spec_type)
         return await respond(request, req, Response("text", req.model, state.tokens),
                              submit(batch, ids, options, req.n, "max_tokens"))
 

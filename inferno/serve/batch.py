@@ -176,7 +176,7 @@ class BatchEngine:
         prompt is sampled `n` times (choice index = prompt number * n + sample number). With
         `loop`, the events go to that asyncio loop (`async for event in handle`)."""
         prompts = [prompt_ids] if len(prompt_ids) == 0 or np.isscalar(prompt_ids[0]) else list(prompt_ids)
-        options.check(self.engine.config.vocab_size)
+        self.engine.check_options(options)
         prompts = [self._check_prompt(p, options.max_tokens) for p in prompts]
         if options.sampling is None:
             options = replace(options, sampling=self.engine.sampling.params())

@@ -71,6 +71,7 @@ class Request(BaseModel):
     # inferno's: speculative decoding's most tokens drafted a step (0: none), over the server's
     # --spec-type / --draft-max
     speculative: int | None = Field(None, ge=0)
+    spec_type: Literal["ngram", "suffix", "draft"] | None = None  # and how, over the server's --spec-type
 
     def check_supported(self) -> None:
         for name, harmless in UNSUPPORTED.items():
@@ -91,7 +92,8 @@ class Request(BaseModel):
         return given or None
 
     def options(self, defaults: SamplingDefaults, max_tokens: int, logprobs: bool, top_logprobs: int,
-                grammar=None, tool_format: str | None = None, speculative: int = 0) -> Options:
+                grammar=None, tool_format: str | None = None, speculative: int = 0,
+                spec_type: str = "ngram") -> Options:
         """The sampler settings: what the request sets, over the model's defaults (its
         generation config, else llama.cpp's), as vLLM and llama.cpp's server do. `speculative`:
         the server's drafts (--spec-type), unless the request sets its own."""
@@ -105,10 +107,13 @@ class Request(BaseModel):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if self.speculative is not None:
             speculative = self.speculative
+        if self.spec_type is not None:
+            spec_type = self.spec_type
         return Options(max_tokens=max_tokens, sampling=sampling, stop=stop,
                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                        logit_bias=tuple(bias), logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar,
-                       tool_format=tool_format, speculative=speculative)
+                       tool_format=tool_format, speculative=speculative,
+                       spec_type=spec_type)
 
     @property
     def include_usage(self) -> bool:
