@@ -57,6 +57,19 @@ REAL_MODEL_FIXTURES = {"real", "gguf_path", "gemma_path", "smollm2"}
 TRITON_MODULES = {"test_triton_decode", "test_gpu_backend", "test_gpu_bench"}
 
 
+def pytest_collection_finish(session):
+    """Work that tests only wait for (a subprocess that compiles for another CPU) starts now:
+    a test module's `start_early(items, config)` hears of its selected items."""
+    if session.config.option.collectonly:
+        return
+    modules = {}
+    for item in session.items:
+        if hasattr(item.module, "start_early"):
+            modules.setdefault(item.module, []).append(item)
+    for module, items in modules.items():
+        module.start_early(items, session.config)
+
+
 def pytest_collection_modifyitems(config, items):
     """real_model (SmolLM2 or Gemma 3 from PyPI), subprocess (a fresh interpreter: the CLI, a
     server process, a cold cache), ray (a local Ray cluster), triton_interp (Triton's

@@ -235,9 +235,33 @@ for name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"):
 """
 
 
+_BUILDS: dict[str, tuple] = {}  # cpu -> (process, its folder), started by start_early
+
+
+def start_early(items, config) -> None:
+    """The builds for other CPUs that the selected test_int8_gemm_without_vnni items will
+    check, started as the session starts (tests/conftest.py), each in a process of its own at
+    a lower priority: they compile for a minute or two, on the core the suite's own compiles,
+    which run on one, leave idle, and the test then only reads their answers."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    wanted = {item.callspec.params["cpu"] for item in items if item.originalname == "test_int8_gemm_without_vnni"}
+    for cpu, features in _no_vnni_targets():
+        if cpu in wanted and cpu not in _BUILDS:
+            out = config._tmp_path_factory.mktemp(f"no-vnni-{cpu}")
+            env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features)
+            script = NO_VNNI.format(tests=str(Path(__file__).parents[1]), out=str(out), features=features)
+            with open(out / "stderr", "w") as err:  # (a file: a pipe nobody reads yet could fill)
+                _BUILDS[cpu] = (subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
+                                                 stderr=err, preexec_fn=lambda: os.nice(10)), out)
+            config.add_cleanup(_BUILDS[cpu][0].kill)  # (a run stopped before the test)
+
+
 @pytest.mark.backends("simd")
 @pytest.mark.parametrize("cpu,features", _no_vnni_targets(), ids=lambda v: v if "," not in v else "")
-def test_int8_gemm_without_vnni(backend, tmp_path, cpu, features):
+def test_int8_gemm_without_vnni(backend, cpu, features, request):
     """Compiled for a machine without VNNI (Numba told so, in a fresh process: qgemm.WIDE,
     int16 sums of vpmaddubsw's pairs; lgemm's vpdpwssd as vpmaddwd and an add), the kernels give
     the same answers as this process's build (vpdpbusd and vpdpwssd where the host has VNNI):
@@ -245,14 +269,9 @@ def test_int8_gemm_without_vnni(backend, tmp_path, cpu, features):
     two ymm halves, qgemm's passes of four rows) and, where the host can run it, Skylake-X's
     AVX-512 without VNNI (512-bit vpmaddubsw, passes of eight rows: qgemm.DEEP)."""
     from inferno.backends.numba import qdot, qgemm
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features)
-    script = NO_VNNI.format(tests=str(Path(__file__).parents[1]), out=str(tmp_path), features=features)
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    start_early([request.node], request.config)  # (started already, unless run on its own)
+    build, tmp_path = _BUILDS[cpu]
+    assert build.wait(timeout=600) == 0, (tmp_path / "stderr").read_text()[-3000:]
     for name in ("Q4_K", "Q5_K", "Q6_K"):
         for two in (False, True):
             w = random_blocks(name, 19, 512, seed=1)
