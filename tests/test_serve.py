@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from unittest.mock import ANY
 
 import httpx
 import numpy as np
@@ -225,10 +226,16 @@ def test_other_http_errors(server):
     assert chunked.status_code == 413 and chunked.json()["error"]["message"]
     r = httpx.post(url + "/v1/completions", content=b'{"model": "tiny", "prompt": "hi", "echo": true}')
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
-    r = httpx.get(url + "/v1/nowhere")
-    assert r.status_code == 404 and r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/responses", json={"model": MODEL, "input": "hi"})
+    assert r.status_code == 404 and "Invalid URL (POST /v1/responses)" in r.json()["error"]["message"]
+    assert "POST /v1/chat/completions" in r.json()["error"]["message"]
+    r = httpx.get(url + "/v1/chat/completions")
+    assert r.status_code == 405 and "Invalid URL (GET /v1/chat/completions)" in r.json()["error"]["message"]
     models = httpx.get(url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]
+    assert httpx.get(url + f"/v1/models/{MODEL}").json() == {**models["data"][0], "created": ANY}
+    r = httpx.get(url + "/v1/models/gpt-4o")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
 
 def test_client_disconnect_frees_the_slot(server, client, engine, slower_steps):

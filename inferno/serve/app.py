@@ -179,11 +179,21 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
                       "inferno_kv_slots": ("KV cache slots (--parallel)", s["slots"])}
         return PlainTextResponse(state.metrics.render(gauges), media_type="text/plain; version=0.0.4")
 
+    def model_card() -> dict:
+        return {"id": config.served_name, "object": "model", "created": int(time.time()), "owned_by": "inferno"}
+
     @api.get("/v1/models")
     async def models():
         state.ready()
-        return {"object": "list", "data": [{"id": config.served_name, "object": "model",
-                                            "created": int(time.time()), "owned_by": "inferno"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @api.get("/v1/models/{model:path}")
+    async def model(model: str):
+        state.ready()
+        if model not in state.names:
+            raise APIError(404, f"the model {model!r} does not exist: this server has {config.served_name!r}",
+                           param="model", code="model_not_found")
+        return model_card()
 
     @api.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -346,9 +356,15 @@ async def parse(request: Request, model: type[BaseModel]):
         raise APIError(400, message, param=where or None) from None
 
 
+ROUTES = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /metrics, GET /health"
+
+
 def _http_error(request: Request, e: HTTPException) -> JSONResponse:
     kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-    return JSONResponse({"error": {"message": str(e.detail), "type": kind, "param": None, "code": None}},
+    message = str(e.detail)
+    if e.status_code in (404, 405):  # as OpenAI words it, with what is served here
+        message = f"Invalid URL ({request.method} {request.url.path}): this server serves {ROUTES}"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}},
                         status_code=e.status_code, headers=getattr(e, "headers", None))
 
 
