@@ -58,8 +58,10 @@ TRITON_MODULES = {"test_triton_decode", "test_gpu_backend", "test_gpu_bench"}
 
 
 def pytest_collection_finish(session):
-    """Work that tests only wait for (a subprocess that compiles for another CPU) starts now:
-    a test module's `start_early(items, config)` hears of its selected items."""
+    """Work that tests only wait for starts now, on the core the suite's compiles leave idle
+    (Numba compiles on one): a test module's `start_early(items, config)` hears of its
+    selected items (a build for another CPU); and where the kernel tests run, the real models'
+    kernels compile ahead (_compile_ahead)."""
     if session.config.option.collectonly:
         return
     modules = {}
@@ -68,6 +70,37 @@ def pytest_collection_finish(session):
             modules.setdefault(item.module, []).append(item)
     for module, items in modules.items():
         module.start_early(items, session.config)
+    if any(Path(item.path).parent.name == "ops" for item in session.items):
+        _compile_ahead(session.config)
+
+
+COMPILE_AHEAD = """
+import sys
+from inferno.backends.numba import jitcache
+from inferno.engine import load
+jitcache.announce_compiles()
+for backend in ("pool", "simd"):
+    for path in sys.argv[1:]:
+        load(path, backend, progress=False).close()
+"""
+
+
+def _compile_ahead(config) -> None:
+    """Every path of SmolLM2 (the legacy kinds' kernels) and Gemma 3 (the K-quants'), on pool
+    and simd, warmed up in a process at a lower priority as the session starts, into the
+    suite's kernel cache, as inferno's own helper process does (ahead.py): the kernel tests,
+    the real-model tests and the server's take the same compiled entries (read-only weights,
+    each kind's drivers), and a test that needs a kernel the process is compiling waits for
+    it rather than compiling it too (jitcache.announce_compiles). Only the models already in
+    inferno's cache: a fetch is the tests' own."""
+    import subprocess
+
+    from inferno.loading.resolve import ALIASES, cached_path
+    paths = [str(p) for p in (cached_path(ALIASES[name]) for name in ("smollm2-135m", "gemma3-270m")) if p]
+    if paths:
+        proc = subprocess.Popen([sys.executable, "-c", COMPILE_AHEAD, *paths], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(10))
+        config.add_cleanup(proc.kill)
 
 
 def pytest_collection_modifyitems(config, items):

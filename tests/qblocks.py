@@ -20,10 +20,19 @@ rounding them may cost, sum over the row of |w_i| d_i / 2 (each activation moves
 half a step of its unit's last scale d). Products of the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0,
 Q5_1) may take int16 activations (ldot.py; the backends' int16_legacy), a scale per block of
 32: pinned the same two ways, with that scale for d.
+
+The blocks are read-only, as the backends hand every weight to the kernels (simd's
+quantized_weight), and `kernel_call` calls a kernel directly the way the drivers call it: a
+kernel compiled for a writable weight, a kind typed int64 rather than as a constant, or an
+output of another layout is a second compile of it for the tests alone (a minute each for the
+K-quants' kernels).
 """
 
 from __future__ import annotations
 
+import functools
+
+import numba as nb
 import numpy as np
 
 from inferno.backends.numba import ldot, qdot
@@ -39,7 +48,7 @@ EXTREMES = np.array([0.0, 65504.0, -65504.0, 6.103515625e-05, 5.960464477539063e
 
 
 def random_blocks(name: str, rows: int, cols: int, seed: int = 0, extremes: bool = True,
-                  readonly: bool = False) -> QuantTensor:
+                  readonly: bool = True) -> QuantTensor:
     """A [rows, cols] QuantTensor of type `name` with random blocks (see the module docstring).
     `extremes` puts EXTREMES into a quarter of the scale fields."""
     qtype = QTYPES[name]
@@ -62,6 +71,24 @@ def random_blocks(name: str, rows: int, cols: int, seed: int = 0, extremes: bool
     if readonly:
         data.flags.writeable = False
     return QuantTensor(name, (rows, cols), data)
+
+
+@functools.cache
+def kernel_call(kernel, *constant, sliced: bool = False):
+    """`call(w, activations, out, r0, r1)` runs kernel(*constant, w, *activations, out, r0, r1)
+    as the drivers run it: `constant` (a kind, or a K-quant unit's bytes) a compile-time
+    constant, as the drivers' closures make it, and out, where `sliced`, a slice of a buffer
+    (rows_kernel writes out[:, col:], of no fixed layout). Called from Python, the constant
+    would be typed int64, compiling a copy of the kernel with every kind's branches in it."""
+    arity = {"qdot": 5, "qgemm": 5, "kpanels": 5, "ldot": 3, "lgemm": 3}[kernel.py_func.__module__.rsplit(".", 1)[-1]]
+    names = ", ".join(f"a{i}" for i in range(arity))
+    given = ", ".join(f"c{i}" for i in range(len(constant)))
+    source = (f"def call(w, acts, out, r0, r1):\n"
+              f"    {names}, = acts\n"
+              f"    kernel({given}{', ' if given else ''}w, {names}, {'out[:, 0:]' if sliced else 'out'}, r0, r1)\n")
+    scope = {"kernel": kernel, **{f"c{i}": c for i, c in enumerate(constant)}}
+    exec(source, scope)
+    return nb.njit(scope["call"])
 
 
 def width(name: str, blocks: int) -> int:

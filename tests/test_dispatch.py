@@ -16,7 +16,7 @@ from inferno.backends.numba import dispatch, kpanels, ldot, lgemm, qdot, qgemm
 from inferno.backends.numba.dispatch import FEW_MAX, GEMM_MIN, GEMM_MIN_COLS, LEGACY_FEW
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.simd import SimdBackend
-from tests.qblocks import random_blocks
+from tests.qblocks import kernel_call, random_blocks
 
 WIDE = max(GEMM_MIN_COLS, 256)  # columns past the panels' minimum width on every CPU
 NARROW = 256  # below it where it is 1024 (VNNI in 256 bits), else the same
@@ -96,33 +96,24 @@ def test_shared_launch_is_the_tables_answer(kinds, legacy):
                                                      == dispatch.L_GEMM)
 
 
-def _legacy_kernel(name, code):
-    """ldot.l_rows or lgemm.l_gemm for one kind: its code a closure's literal, as they need."""
-    kernel = ldot.l_rows if name == "ldot.l_rows" else lgemm.l_gemm
-
-    @nb.njit
-    def run(w, x16, dx, xs, out):
-        kernel(code, w, x16, dx, xs, out, 0, w.shape[0])
-    return run
-
-
 def _direct(name, w, x, two):
-    """The named integer kernel called directly on x's rows."""
+    """The named integer kernel called directly on x's rows (as the drivers call it)."""
     out = np.zeros((x.shape[0], w.shape[0]), np.float32)
     if name.startswith("ldot") or name.startswith("lgemm"):
-        _legacy_kernel(name, int(WeightKind.of(w)))(w.data, *ldot.quantized(x), out)
+        kernel = ldot.l_rows if name == "ldot.l_rows" else lgemm.l_gemm
+        kernel_call(kernel, int(WeightKind.of(w)))(w.data, ldot.quantized(x), out, 0, w.shape[0])
         return out
     xq = qdot.quantize(x, two)
-    if name == "kpanels.p_rows":
-        kpanels.p_rows(w.data, *xq, out, 0, w.shape[0])
-    elif name == "kpanels.p_gemm":
-        kpanels.p_gemm(w.data, *xq, out, 0, w.shape[0])
+    if name.startswith("kpanels"):
+        kernel_call(kpanels.p_rows if name == "kpanels.p_rows" else kpanels.p_gemm, sliced=True)(
+            w.data, xq, out, 0, w.shape[0])
+        return out
+    ub = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}[w.qtype.name]
+    if name == "qdot.k_rows":
+        kernel_call(qdot.k_rows, ub)(w.data, xq, out[0], 0, w.shape[0])
     else:
-        ub = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}[w.qtype.name]
-        if name == "qdot.k_rows":
-            qdot.k_rows(ub, w.data, *xq, out[0], 0, w.shape[0])
-        else:
-            (qdot.k_few if name == "qdot.k_few" else qgemm.k_gemm)(ub, w.data, *xq, out, 0, w.shape[0])
+        kernel_call(qdot.k_few if name == "qdot.k_few" else qgemm.k_gemm, ub, sliced=True)(
+            w.data, xq, out, 0, w.shape[0])
     return out
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ops.helpers import NUMBA, assert_close, call, f32, host, rand
-from qblocks import (assert_int8_close, assert_int16_close, assert_matches, assert_rounding_close, random_blocks,
-                     magnitudes, width)
+from qblocks import (assert_int8_close, assert_int16_close, assert_matches, assert_rounding_close, kernel_call,
+                     magnitudes, random_blocks, width)
 
 from inferno.formats.quant import QTYPES
 
@@ -145,10 +145,10 @@ def test_int8_gemm_on_panels(backend, name, outliers, batch, rows, blocks):
     xq = qdot.quantize(x, outliers)
     ub = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}[name]
     got = np.full((batch, rows), np.nan, np.float32)
-    qgemm.k_gemm(ub, w.data, *xq, got, 0, rows)
+    kernel_call(qgemm.k_gemm, ub, sliced=True)(w.data, xq, got, 0, rows)
     assert_int8_close(got, x, w, outliers)
     few = np.empty_like(got)
-    qdot.k_few(ub, w.data, *xq, few, 0, rows)
+    kernel_call(qdot.k_few, ub, sliced=True)(w.data, xq, few, 0, rows)
     scale = np.abs(x) @ np.abs(w.dequantize()).T
     assert (np.abs(got - few) <= 1e-6 * scale).all()
 
@@ -173,14 +173,15 @@ def test_int16_gemm_on_panels(backend, name, batch, rows, blocks):
     x[0, :32] = 0.0  # a zero block: dx = 0
     x16, dx, xs = ldot.quantized(x)
     got = np.full((batch, rows), np.nan, np.float32)
-    lgemm.l_gemm(kind, w.data, x16, dx, xs, got, 0, rows)
+    kernel_call(lgemm.l_gemm, kind)(w.data, (x16, dx, xs), got, 0, rows)
     assert_int16_close(got, x, w)
     alone = np.empty_like(got)
+    l_rows = kernel_call(ldot.l_rows, kind)
     for b in range(batch):  # one row at a time: the same sums in the same order, bit for bit
-        ldot.l_rows(kind, w.data, x16[b:b + 1], dx[b:b + 1], xs[b:b + 1], alone[b:b + 1], 0, rows)
+        l_rows(w.data, (x16[b:b + 1], dx[b:b + 1], xs[b:b + 1]), alone[b:b + 1], 0, rows)
     np.testing.assert_array_equal(got, alone)
     few = np.empty_like(got)
-    ldot.l_rows(kind, w.data, x16, dx, xs, few, 0, rows)  # every row at once, as a batched step
+    l_rows(w.data, (x16, dx, xs), few, 0, rows)  # every row at once, as a batched step
     np.testing.assert_array_equal(few, alone)
 
 
@@ -204,7 +205,7 @@ NO_VNNI = """
 import sys
 import numpy as np
 sys.path.insert(0, {tests!r})
-from qblocks import random_blocks
+from qblocks import kernel_call, random_blocks
 from inferno.backends.numba import ilanes, qdot, qgemm
 assert ilanes.fast_int_dot() and not ilanes._vnni() and qgemm.WIDE
 assert qgemm.DEEP == ("+avx512f" in {features!r})
@@ -213,7 +214,7 @@ for name, ub in (("Q4_K", qdot.Q4_K_BYTES), ("Q5_K", qdot.Q5_K_BYTES), ("Q6_K", 
         w = random_blocks(name, 19, 512, seed=1)
         x = np.random.default_rng(2).standard_normal((9, 512), dtype=np.float32)
         got = np.empty((9, 19), np.float32)
-        qgemm.k_gemm(ub, w.data, *qdot.quantize(x, two), got, 0, 19)
+        kernel_call(qgemm.k_gemm, ub, sliced=True)(w.data, qdot.quantize(x, two), got, 0, 19)
         np.save({out!r} + f"/{{name}}-{{two}}.npy", got)
 from inferno.backends.numba import kpanels
 p = kpanels.repack(random_blocks("Q4_K", 24, 512, seed=1))
@@ -221,7 +222,7 @@ for two in (False, True):
     for kernel in (kpanels.p_rows, kpanels.p_gemm):
         x = np.random.default_rng(2).standard_normal((9, 512), dtype=np.float32)
         got = np.empty((9, 24), np.float32)
-        kernel(p.data, *qdot.quantize(x, two), got, 0, 24)
+        kernel_call(kernel, sliced=True)(p.data, qdot.quantize(x, two), got, 0, 24)
         np.save({out!r} + f"/panels-{{kernel.__name__}}-{{two}}.npy", got)
 from inferno.backends.numba import ldot, lgemm
 from inferno.backends.numba.codes import WeightKind
@@ -230,7 +231,7 @@ for name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"):
     w = random_blocks(name, 29, 96, seed=3)
     x = np.random.default_rng(4).standard_normal((7, 96), dtype=np.float32)
     got = np.empty((7, 29), np.float32)
-    lgemm.l_gemm(int(WeightKind[name]), w.data, *ldot.quantized(x), got, 0, 29)
+    kernel_call(lgemm.l_gemm, int(WeightKind[name]))(w.data, ldot.quantized(x), got, 0, 29)
     np.save({out!r} + f"/{{name}}.npy", got)
 """
 
@@ -280,7 +281,7 @@ def test_int8_gemm_without_vnni(backend, cpu, features, request):
             assert_int8_close(wide, x, w, two)
             here = np.empty_like(wide)
             ub = {"Q4_K": qdot.Q4_K_BYTES, "Q5_K": qdot.Q5_K_BYTES, "Q6_K": qdot.Q6_K_BYTES}[name]
-            qgemm.k_gemm(ub, w.data, *qdot.quantize(x, two), here, 0, 19)
+            kernel_call(qgemm.k_gemm, ub, sliced=True)(w.data, qdot.quantize(x, two), here, 0, 19)
             assert (np.abs(wide - here) <= 1e-6 * (np.abs(x) @ np.abs(w.dequantize()).T)).all()
     from inferno.backends.numba import kpanels
     w = random_blocks("Q4_K", 24, 512, seed=1)
@@ -291,7 +292,7 @@ def test_int8_gemm_without_vnni(backend, cpu, features, request):
             wide = np.load(tmp_path / f"panels-{kernel.__name__}-{two}.npy")
             assert_int8_close(wide, x, w, two)
             here = np.empty_like(wide)
-            kernel(p.data, *qdot.quantize(x, two), here, 0, 24)
+            kernel_call(kernel, sliced=True)(p.data, qdot.quantize(x, two), here, 0, 24)
             assert (np.abs(wide - here) <= 1e-6 * (np.abs(x) @ np.abs(w.dequantize()).T)).all()
     from inferno.backends.numba import ldot, lgemm
     from inferno.backends.numba.codes import WeightKind
@@ -301,7 +302,7 @@ def test_int8_gemm_without_vnni(backend, cpu, features, request):
         wide = np.load(tmp_path / f"{name}.npy")
         assert_int16_close(wide, x, w)
         here = np.empty_like(wide)
-        lgemm.l_gemm(int(WeightKind[name]), w.data, *ldot.quantized(x), here, 0, 29)
+        kernel_call(lgemm.l_gemm, int(WeightKind[name]))(w.data, ldot.quantized(x), here, 0, 29)
         assert (np.abs(wide - here) <= 1e-6 * (np.abs(x) @ magnitudes(w).T)).all()
 
 
@@ -314,7 +315,7 @@ def test_int16_gemm_writes_only_its_rows(backend):
     w = random_blocks("Q5_0", 60, 64, seed=3, readonly=True)
     x = np.random.default_rng(1).standard_normal((9, 64), dtype=np.float32)
     got = np.full((9, 60), np.nan, np.float32)
-    lgemm.l_gemm(int(WeightKind.Q5_0), w.data, *ldot.quantized(x), got, 5, 45)
+    kernel_call(lgemm.l_gemm, int(WeightKind.Q5_0))(w.data, ldot.quantized(x), got, 5, 45)
     assert np.isnan(got[:, :5]).all() and np.isnan(got[:, 45:]).all()
     assert_int16_close(got[:, 5:45], x, w.take_rows(np.arange(5, 45)))
 
@@ -328,7 +329,7 @@ def test_int8_gemm_writes_only_its_rows(backend):
     x = np.random.default_rng(1).standard_normal((9, 512), dtype=np.float32)
     xq = qdot.quantize(x, False)
     got = np.full((9, 40), np.nan, np.float32)
-    qgemm.k_gemm(qdot.Q4_K_BYTES, w.data, *xq, got, 5, 27)
+    kernel_call(qgemm.k_gemm, qdot.Q4_K_BYTES, sliced=True)(w.data, xq, got, 5, 27)
     assert np.isnan(got[:, :5]).all() and np.isnan(got[:, 27:]).all()
     assert_int8_close(got[:, 5:27], x, w.take_rows(np.arange(5, 27)), False)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ops.helpers import NUMBA
-from qblocks import assert_int8_close, random_blocks, width
+from qblocks import assert_int8_close, kernel_call, random_blocks, width
 
 from inferno.formats.quant import QuantTensor
 
@@ -58,7 +58,7 @@ def reference_kernels(w, x, two):
     from inferno.backends.numba import qdot
     xq = qdot.quantize(x, two)
     few = np.empty((x.shape[0], w.shape[0]), np.float32)
-    qdot.k_few(qdot.Q4_K_BYTES, w.data, *xq, few, 0, w.shape[0])
+    kernel_call(qdot.k_few, qdot.Q4_K_BYTES, sliced=True)(w.data, xq, few, 0, w.shape[0])
     return xq, few
 
 
@@ -74,7 +74,7 @@ def test_panel_kernels_on_every_row_range(r0, r1, batch, two):
     scale = np.abs(x) @ np.abs(w.dequantize()).T
     for kernel in (kpanels.p_rows, kpanels.p_gemm):
         got = np.full((batch, 512), np.nan, np.float32)
-        kernel(p.data, *xq, got, r0, r1)
+        kernel_call(kernel, sliced=True)(p.data, xq, got, r0, r1)
         assert np.isnan(got[:, :r0]).all() and np.isnan(got[:, r1:]).all(), kernel  # only its rows
         assert (np.abs(got[:, r0:r1] - few[:, r0:r1]) <= 1e-6 * scale[:, r0:r1]).all(), kernel
     sub = QuantTensor("Q4_K", (r1 - r0, w.shape[1]), w.data[r0:r1])
@@ -90,7 +90,7 @@ def test_panel_gemm_on_one_super_block_and_many(blocks, batch):
     for two in (False, True):
         xq, few = reference_kernels(w, x, two)
         got = np.empty_like(few)
-        kpanels.p_gemm(p.data, *xq, got, 0, 40)
+        kernel_call(kpanels.p_gemm, sliced=True)(p.data, xq, got, 0, 40)
         assert_int8_close(got, x, w, two)
         assert (np.abs(got - few) <= 1e-6 * (np.abs(x) @ np.abs(w.dequantize()).T)).all()
 
