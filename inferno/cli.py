@@ -407,6 +407,8 @@ def cmd_serve(args) -> int:
                            f"inferno's folder ({e})") from None
     check_ctx_size(args.ctx_size)
     resolve(args.model)  # a bad name fails here, in one line, before a port is bound
+    if args.model_draft is not None:
+        resolve(args.model_draft)
     config = ServerConfig(model=args.model, backend=args.backend,
                           backend_options=tuple(backend_options(args).items()),
                           flash=args.flash == "on", cache_type=args.cache_type, weights=args.weights,

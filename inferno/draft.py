@@ -107,7 +107,8 @@ def match_length(tokens: list[int], end: int, other: list[int], other_end: int, 
 
 
 class Replies:
-    """The latest replies of every request, indexed by their NGRAM_MAX-grams, for suffix drafts.
+    """The latest replies of the requests that drafted with it (the scheduler adds those of
+    suffix drafts), indexed by their NGRAM_MAX-grams.
 
     Bounded: at most `budget` tokens are held; adding a reply past it drops the oldest whole,
     with its places in the index, and an n-gram keeps its FANOUT latest places only. A gram is
@@ -238,11 +239,13 @@ class ModelDrafter(NgramDrafter):
     prompt that shares its prefix. Before each draft the slot is cut back to the longest prefix
     it shares with the sequence (the tokens the target rejected go), and what the sequence
     took since is fed in one pass; each drafted token but the last is fed to draft the next.
-    The length and the pauses follow NgramDrafter's rules."""
+    The length and the pauses follow NgramDrafter's rules. (A sequence's first draft feeds
+    its whole prompt through the draft model in that step, beside the other sequences'
+    decode rows: not yet cut into the scheduler's prefill chunks.)"""
 
-    def __init__(self, most: int, slots, slot: int):
+    def __init__(self, most: int, slots, slot: int, vocab: int):
         super().__init__(most)
-        self.slots, self.slot = slots, slot
+        self.slots, self.slot, self.vocab = slots, slot, vocab  # the target's logits
 
     def draft(self, tokens: list[int], k: int) -> list[int]:
         if k < 1:
@@ -259,6 +262,6 @@ class ModelDrafter(NgramDrafter):
                 logits = model.step([Segment(ids, slot, held, logits=last)], slots.cache)
                 slots.wrote(slot, held, ids)
                 held += ids.size
-            draft.append(int(np.argmax(model.ops.to_numpy(logits)[-1])))
+            draft.append(int(np.argmax(model.ops.to_numpy(logits)[-1, :self.vocab])))
             feed = draft[-1:]
         return draft

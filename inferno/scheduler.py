@@ -287,7 +287,10 @@ class Scheduler:
         seq.slot, seq.pos = self.slots.take(seq.prompt, len(seq.prompt) + seq.options.max_tokens)
         self._reused(seq, seq.pos)
         if seq.options.speculative:
-            seq.drafter = self._drafter(seq)
+            try:
+                seq.drafter = self._drafter(seq)
+            except Exception as e:  # a draft model's cache that does not fit, say
+                log.warning("no drafts for a sequence (%s: %s)", type(e).__name__, e)
         self.running.append(seq)
 
     def _catch_up(self, seq: Sequence, ahead: list[Sequence]) -> bool:
@@ -315,17 +318,23 @@ class Scheduler:
         kind, most = seq.options.spec_type, seq.options.speculative
         if kind == "suffix":
             return SuffixDrafter(most, self.replies)
-        if kind == "draft":
-            return ModelDrafter(most, self.slots.paired(self.draft.model), seq.slot)
+        if kind == "draft" and self.draft is not None:
+            return ModelDrafter(most, self.slots.paired(self.draft.model), seq.slot, self.model.cfg.vocab_size)
         return NgramDrafter(most)
 
     def _draft(self, seq: Sequence) -> np.ndarray:
-        """Tokens to check after `seq`'s last one this step (draft.py's prompt lookup), as many
-        as its options allow and its reply and slot have room for; none for most sequences."""
+        """Tokens to check after `seq`'s last one this step (draft.py's drafters), as many as
+        its options allow and its reply and slot have room for; none for most sequences. A
+        drafter that fails (a draft model's pass) is dropped: the sequence decodes on without."""
         room = min(seq.options.max_tokens - len(seq.sampled) - 1, self.slots.cache.capacity - seq.pos - 1)
         if seq.drafter is None or room < 1:
             return np.empty(0, np.int64)
-        return np.asarray(seq.drafter.propose(seq.prompt + seq.sampled, room), dtype=np.int64)
+        try:
+            return np.asarray(seq.drafter.propose(seq.prompt + seq.sampled, room), dtype=np.int64)
+        except Exception as e:
+            log.warning("drafting failed (%s: %s): the sequence goes on without drafts", type(e).__name__, e)
+            seq.drafter = None
+            return np.empty(0, np.int64)
 
     def _verify(self, seq: Sequence, seg: Segment, rows: np.ndarray, events: list) -> None:
         """A verifying segment's tokens, taken one at a time as plain steps would take them:

@@ -85,7 +85,7 @@ def test_weight_keeps_the_blocks_in_place(ops):
     view of the same memory, never a copy; float32 memmap-like views are not copied either."""
     w = random_blocks("Q4_1", 4, 64, readonly=True)
     assert ops.weight(w).data is w.data
-    w = random_blocks("Q4_1", 4, 64)
+    w = random_blocks("Q4_1", 4, 64, readonly=False)
     kept = ops.weight(w)
     assert np.shares_memory(kept.data, w.data) and not kept.data.flags.writeable
     f32 = np.ones((4, 64), dtype=np.float32)

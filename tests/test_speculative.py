@@ -203,7 +203,7 @@ def test_a_draft_model_drafts_in_step_with_the_sequence(drafted, prompt):
     assert fast.token_ids == plain.token_ids and fast.text == plain.text
     assert fast.accepted_tokens == fast.drafted_tokens >= len(fast.token_ids) // 2
     again = drafted.generate(prompt + " Be brief.", max_tokens=24, temperature=0.8, seed=3, speculative=8,
-                             spec_type="draft")  # the slot, reused, cut back to the shared prefix
+                             spec_type="draft")  # sampled: drafts accepted where they equal the draws
     assert again.token_ids == drafted.generate(prompt + " Be brief.", max_tokens=24, temperature=0.8,
                                                seed=3).token_ids
 
@@ -226,9 +226,29 @@ def test_a_wrong_draft_model_changes_nothing(tiny_pair):
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused(qwen3_dir):
+    draft = str(resolve("smollm2-135m"))
     with pytest.raises(InfernoError, match="does not share the vocabulary") as e:
-        inferno.load(str(qwen3_dir), "simd", draft="smollm2-135m", progress=False, warm_up=False)
-    assert "smollm2-135m" in str(e.value) and str(qwen3_dir) in str(e.value)
+        inferno.load(str(qwen3_dir), "simd", draft=draft, progress=False, warm_up=False)
+    assert draft in str(e.value) and str(qwen3_dir) in str(e.value)
+
+
+def test_a_drafter_that_fails_is_dropped_and_the_reply_goes_on(engine):
+    """A drafter's failure (a draft model's pass that raises) costs that sequence its drafts,
+    not its reply: the scheduler's step goes on, and the text is the plain one."""
+    class Broken:
+        def propose(self, tokens, room):
+            raise RuntimeError("the draft model's cache is gone")
+
+    ids = engine.encode_prompt(PROMPTS[0])
+    loop = Scheduler(engine, engine.new_slots(1, 512), chunk=64)
+    seq = Sequence(ids, engine.options(max_tokens=24, temperature=0, speculative=4), engine.tokenizer, engine.eos)
+    loop.add([seq])
+    loop.step()
+    seq.drafter = Broken()
+    while loop.busy:
+        loop.step()
+    assert seq.drafter is None and seq.finish_reason == "length"
+    assert seq.generated == engine.generate(PROMPTS[0], max_tokens=24, temperature=0).token_ids
 
 
 def test_draft_max_out_of_range_is_refused(engine):

@@ -356,7 +356,8 @@ async def parse(request: Request, model: type[BaseModel]):
         raise APIError(400, message, param=where or None) from None
 
 
-ROUTES = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /metrics, GET /health"
+ROUTES = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id}, GET /metrics, "
+          "GET /health")
 
 
 def _http_error(request: Request, e: HTTPException) -> JSONResponse:

@@ -109,6 +109,8 @@ class Request(BaseModel):
             speculative = self.speculative
         if self.spec_type is not None:
             spec_type = self.spec_type
+            if not speculative and self.speculative is None:
+                speculative = 16  # spec_type alone asks for drafts: --draft-max's default
         return Options(max_tokens=max_tokens, sampling=sampling, stop=stop,
                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                        logit_bias=tuple(bias), logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar,
