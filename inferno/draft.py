@@ -239,9 +239,9 @@ class ModelDrafter(NgramDrafter):
     prompt that shares its prefix. Before each draft the slot is cut back to the longest prefix
     it shares with the sequence (the tokens the target rejected go), and what the sequence
     took since is fed in one pass; each drafted token but the last is fed to draft the next.
-    The length and the pauses follow NgramDrafter's rules. (A sequence's first draft feeds
-    its whole prompt through the draft model in that step, beside the other sequences'
-    decode rows: not yet cut into the scheduler's prefill chunks.)"""
+    The length and the pauses follow NgramDrafter's rules. A catch-up longer than UBATCH
+    tokens (a prompt) goes in one pass of UBATCH a step, drafting nothing until it is in, so
+    that no step beside other sequences' decode rows carries a whole prompt."""
 
     def __init__(self, most: int, slots, slot: int, vocab: int):
         super().__init__(most)
@@ -255,13 +255,16 @@ class ModelDrafter(NgramDrafter):
         slots.reserve(len(tokens) + k)
         held = slots.keep_prefix(slot, tokens)
         feed, draft = tokens[held:], []
+        if len(feed) > UBATCH:
+            ids = np.asarray(feed[:UBATCH], dtype=np.int64)
+            model.step([Segment(ids, slot, held, logits=False)], slots.cache)
+            slots.wrote(slot, held, ids)
+            return []
         while len(draft) < k:
-            for start in range(0, len(feed), UBATCH):  # a long prompt in passes, as prefill's
-                ids = np.asarray(feed[start:start + UBATCH], dtype=np.int64)
-                last = start + UBATCH >= len(feed)
-                logits = model.step([Segment(ids, slot, held, logits=last)], slots.cache)
-                slots.wrote(slot, held, ids)
-                held += ids.size
+            ids = np.asarray(feed, dtype=np.int64)
+            logits = model.step([Segment(ids, slot, held)], slots.cache)
+            slots.wrote(slot, held, ids)
+            held += ids.size
             draft.append(int(np.argmax(model.ops.to_numpy(logits)[-1, :self.vocab])))
             feed = draft[-1:]
         return draft

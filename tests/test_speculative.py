@@ -208,6 +208,18 @@ def test_a_draft_model_drafts_in_step_with_the_sequence(drafted, prompt):
                                                seed=3).token_ids
 
 
+def test_a_long_prompt_reaches_the_draft_model_a_chunk_a_step(drafted):
+    """A prompt past UBATCH tokens is fed to the draft model one pass of UBATCH a step: the
+    first drafts wait for it, then every drafted token is the target's own pick."""
+    from inferno.model.decoder import UBATCH
+    prompt = " ".join([PASSAGE] * 12) + "\n\nRepeat the last sentence above."
+    assert len(drafted.encode_prompt(prompt)) > UBATCH
+    plain = drafted.generate(prompt, max_tokens=32, temperature=0)
+    fast = drafted.generate(prompt, max_tokens=32, temperature=0, speculative=8, spec_type="draft")
+    assert fast.token_ids == plain.token_ids
+    assert fast.accepted_tokens == fast.drafted_tokens >= len(fast.token_ids) // 3
+
+
 @pytest.fixture(scope="module")
 def tiny_pair(qwen3_dir, tmp_path_factory):
     """The tiny Qwen3 (its weights as Q8_0, whose products are batch-invariant) and a draft
