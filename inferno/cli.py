@@ -18,7 +18,7 @@ from inferno.backends.base import CACHE_TYPES
 from inferno.formats.quant import QUANTIZERS
 from inferno.errors import InfernoError, as_flags
 from inferno.loading.resolve import DEFAULT_MODEL
-from inferno.draft import DRAFT_MAX, SPEC_TYPES
+from inferno.draft import DRAFT_DEFAULT, DRAFT_MAX, SPEC_TYPES
 from inferno.sampling import SAMPLING_FIELDS, SamplingParams
 
 EXIT_ERROR = 1
@@ -206,7 +206,7 @@ def add_spec_args(p) -> None:
                         "repeats its prompt; suffix also drafts from earlier requests' replies (what an "
                         "agent or a tool repeats from request to request); draft: a draft model's greedy "
                         "tokens (--model-draft)")
-    p.add_argument("--draft-max", type=int, default=16, help="tokens drafted a step at most (--spec-type)")
+    p.add_argument("--draft-max", type=int, default=DRAFT_DEFAULT, help="tokens drafted a step at most (--spec-type)")
     p.add_argument("--model-draft", "-md", default=None, metavar="MODEL",
                    help="a smaller model with the same tokenizer that drafts (--spec-type draft, its default then)")
 

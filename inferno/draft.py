@@ -20,7 +20,6 @@ the sequence (ModelDrafter).
 from __future__ import annotations
 
 import threading
-from collections import deque
 
 import numpy as np
 
@@ -28,6 +27,7 @@ from inferno.model.decoder import UBATCH, Segment
 
 NGRAM_MAX, NGRAM_MIN = 3, 2  # the longest and shortest run matched: one token alone drafts badly
 DRAFT_MAX = 64
+DRAFT_DEFAULT = 16  # --draft-max's default, and a request's that names a spec_type alone
 SPEC_TYPES = ("ngram", "suffix", "draft")
 
 
@@ -41,10 +41,11 @@ def next_length(length: int, drafted: int, accepted: int, most: int) -> int:
 
 
 class NgramDrafter:
-    """One sequence's drafts by prompt lookup (the interface every drafter has: `propose` up to some tokens,
-    `learn` from how many the model confirmed). The length follows next_length; a draft the
-    model rejects from its first token also pauses drafting, for 1, 2, 4 ... up to BACKOFF_MAX
-    steps while that goes on, so free text, where lookups rarely hold, pays for few checks."""
+    """One sequence's drafts by prompt lookup (the interface every drafter has: `propose` up to
+    some tokens, `learn` from how many the model confirmed). The length follows next_length; a
+    draft the model rejects from its first token also pauses drafting, for 1, 2, 4 ... up to
+    BACKOFF_MAX steps while that goes on, so free text, where lookups rarely hold, pays for few
+    checks."""
 
     BACKOFF_MAX = 16
     # The first draft's length: up to three rows a step go through the few-row kernels, which
@@ -121,8 +122,7 @@ class Replies:
     def __init__(self, budget: int = 1 << 16):
         self.budget = budget
         self.held = 0
-        self.replies: deque[tuple[int, list[int]]] = deque()  # (number, tokens), oldest first
-        self.by_number: dict[int, list[int]] = {}
+        self.replies: dict[int, list[int]] = {}  # number -> tokens, oldest first
         self.places: dict[int, int | list[int]] = {}  # gram -> place, or places (latest last)
         self.added = 0
         self.lock = threading.Lock()  # an engine's streams may run in several threads
@@ -136,8 +136,7 @@ class Replies:
 
     def _add(self, tokens: list[int]) -> None:
         number, self.added = self.added, self.added + 1
-        self.replies.append((number, tokens))
-        self.by_number[number] = tokens
+        self.replies[number] = tokens
         self.held += len(tokens)
         for end in range(NGRAM_MAX, len(tokens)):  # each gram with a token after it
             key, place = gram(tokens, end), number << 32 | end
@@ -154,15 +153,14 @@ class Replies:
             self._drop()
 
     def _drop(self) -> None:
-        old, gone = self.replies.popleft()
-        del self.by_number[old]
+        old = next(iter(self.replies))
+        gone = self.replies.pop(old)
         self.held -= len(gone)
         for end in range(NGRAM_MAX, len(gone)):
             key = gram(gone, end)
-            had = self.places.get(key)
-            if had is None:
+            if key not in self.places:
                 continue
-            kept = [p for p in ([had] if isinstance(had, int) else had) if p >> 32 != old]
+            kept = [p for p in self.at(key) if p >> 32 != old]
             if not kept:
                 del self.places[key]
             else:
@@ -175,11 +173,13 @@ class Replies:
         if k < 1 or len(tokens) < NGRAM_MAX:
             return [], 0
         with self.lock:
-            had = self.places.get(gram(tokens, len(tokens)))
-            if had is None:
-                return [], 0
-            runs = [(self.by_number[p >> 32], p & 0xFFFFFFFF) for p in ([had] if isinstance(had, int) else had)]
-        return vote(tokens, runs, k)
+            runs = [(self.replies[p >> 32], p & 0xFFFFFFFF) for p in self.at(gram(tokens, len(tokens)))]
+        return vote(tokens, runs, k) if runs else ([], 0)
+
+    def at(self, key: int) -> list[int]:
+        """The places (reply number << 32 | end) of a gram, none where it is not held."""
+        had = self.places.get(key, ())
+        return [had] if isinstance(had, int) else list(had)
 
 
 def gram(tokens: list[int], end: int) -> int:
@@ -229,7 +229,6 @@ class SuffixDrafter(NgramDrafter):
         if theirs and context > shared:
             return theirs
         return tokens[own:own + k] if own else []
-
 
 
 class ModelDrafter(NgramDrafter):

@@ -34,6 +34,7 @@ from collections import deque
 import numpy as np
 
 from inferno.draft import ModelDrafter, NgramDrafter, SuffixDrafter
+from inferno.errors import InfernoError
 from inferno.model.decoder import Segment
 from inferno.sequence import Event, Sequence, decode_rows, masks_for
 
@@ -318,7 +319,9 @@ class Scheduler:
         kind, most = seq.options.spec_type, seq.options.speculative
         if kind == "suffix":
             return SuffixDrafter(most, self.replies)
-        if kind == "draft" and self.draft is not None:
+        if kind == "draft":
+            if self.draft is None:  # (Engine.check_options refuses it first)
+                raise InfernoError("spec_type draft needs a draft model")
             return ModelDrafter(most, self.slots.paired(self.draft.model), seq.slot, self.model.cfg.vocab_size)
         return NgramDrafter(most)
 

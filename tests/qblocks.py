@@ -79,7 +79,9 @@ def kernel_call(kernel, *constant, sliced: bool = False):
     as the drivers run it: `constant` (a kind, or a K-quant unit's bytes) a compile-time
     constant, as the drivers' closures make it, and out, where `sliced`, a slice of a buffer
     (rows_kernel writes out[:, col:], of no fixed layout). Called from Python, the constant
-    would be typed int64, compiling a copy of the kernel with every kind's branches in it."""
+    would be typed int64, compiling a copy of the kernel with every kind's branches in it.
+    (The wrapper is written out and exec'd so that the constants are its globals: Numba types
+    a global int as a literal, a closure's variable as int64.)"""
     arity = {"qdot": 5, "qgemm": 5, "kpanels": 5, "ldot": 3, "lgemm": 3}[kernel.py_func.__module__.rsplit(".", 1)[-1]]
     names = ", ".join(f"a{i}" for i in range(arity))
     given = ", ".join(f"c{i}" for i in range(len(constant)))

@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferno.constrain import Unfence, unfence
+from inferno.draft import DRAFT_DEFAULT, SPEC_TYPES
 from inferno.sampling import SamplingDefaults
 from inferno.sequence import Event, Options, TokenLogprob
 from inferno.tools import StreamParser
@@ -71,7 +72,7 @@ class Request(BaseModel):
     # inferno's: speculative decoding's most tokens drafted a step (0: none), over the server's
     # --spec-type / --draft-max
     speculative: int | None = Field(None, ge=0)
-    spec_type: Literal["ngram", "suffix", "draft"] | None = None  # and how, over the server's --spec-type
+    spec_type: Literal[SPEC_TYPES] | None = None  # and how, over the server's --spec-type
 
     def check_supported(self) -> None:
         for name, harmless in UNSUPPORTED.items():
@@ -110,7 +111,7 @@ class Request(BaseModel):
         if self.spec_type is not None:
             spec_type = self.spec_type
             if not speculative and self.speculative is None:
-                speculative = 16  # spec_type alone asks for drafts: --draft-max's default
+                speculative = DRAFT_DEFAULT  # spec_type alone asks for drafts
         return Options(max_tokens=max_tokens, sampling=sampling, stop=stop,
                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                        logit_bias=tuple(bias), logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar,
