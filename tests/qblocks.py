@@ -82,7 +82,7 @@ def kernel_call(kernel, *constant, sliced: bool = False):
     would be typed int64, compiling a copy of the kernel with every kind's branches in it.
     (The wrapper is written out and exec'd so that the constants are its globals: Numba types
     a global int as a literal, a closure's variable as int64.)"""
-    arity = {"qdot": 5, "qgemm": 5, "kpanels": 5, "ldot": 3, "lgemm": 3}[kernel.py_func.__module__.rsplit(".", 1)[-1]]
+    arity = {"qdot": 5, "qgemm": 5, "kpanels": 5, "ldot": 3, "lgemm": 3, "fdot": 1}[kernel.py_func.__module__.rsplit(".", 1)[-1]]
     names = ", ".join(f"a{i}" for i in range(arity))
     given = ", ".join(f"c{i}" for i in range(len(constant)))
     source = (f"def call(w, acts, out, r0, r1):\n"

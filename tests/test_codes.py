@@ -16,8 +16,9 @@ from inferno.formats.quant import QTYPES, QuantTensor
 
 def test_weight_kinds_are_the_types_the_kernels_read():
     from inferno.backends.numba import kpanels
-    # every file type the kernels read, and one layout the backends make of Q4_K (kpanels.py)
-    assert set(WeightKind.__members__) - set(QTYPES) == {"Q4_KX8"}
+    # every file type the kernels read, one layout the backends make of Q4_K (kpanels.py), and
+    # float32 matrices (fdot.py)
+    assert set(WeightKind.__members__) - set(QTYPES) == {"Q4_KX8", "F32"}
     for kind in WeightKind:
         assert getattr(Q, kind.name) == int(kind) and type(getattr(Q, kind.name)) is int
     assert len(Q.UNIT_BYTES) == len(WeightKind)  # one unit size per code, in code order

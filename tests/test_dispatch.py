@@ -12,7 +12,7 @@ import numba as nb
 import numpy as np
 import pytest
 
-from inferno.backends.numba import dispatch, kpanels, ldot, lgemm, qdot, qgemm
+from inferno.backends.numba import dispatch, fdot, kpanels, ldot, lgemm, qdot, qgemm
 from inferno.backends.numba.dispatch import FEW_MAX, GEMM_MIN, GEMM_MIN_COLS, LEGACY_FEW
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.simd import SimdBackend
@@ -41,9 +41,11 @@ TABLE = [
     ("Q4_KX8", 1, WIDE, 1, False, "kpanels.p_rows"),
     ("Q4_KX8", GEMM_MIN - 1, WIDE, 1, False, "kpanels.p_rows"),
     ("Q4_KX8", 512, WIDE, 2, False, "kpanels.p_gemm"),
-    ("F16", 1, WIDE, 1, True, "qkernels.matvec_rows"),
-    ("BF16", 4, WIDE, 1, True, "qkernels.few_rows"),
-    ("F16", 512, WIDE, 1, True, "qkernels.prefill_rows"),
+    ("F16", 1, WIDE, 1, True, "fdot.f_rows"),  # float weights: one kernel, whatever the rows
+    ("BF16", 4, WIDE, 0, False, "fdot.f_rows"),
+    ("F16", 512, WIDE, 1, True, "fdot.f_rows"),
+    ("F32", 1, WIDE, 0, False, "fdot.f_rows"),
+    ("F32", 512, WIDE, 1, True, "fdot.f_rows"),
 ]
 
 
@@ -97,8 +99,12 @@ def test_shared_launch_is_the_tables_answer(kinds, legacy):
 
 
 def _direct(name, w, x, two):
-    """The named integer kernel called directly on x's rows (as the drivers call it)."""
+    """The named kernel called directly on x's rows (as the drivers call it)."""
     out = np.zeros((x.shape[0], w.shape[0]), np.float32)
+    if name == "fdot.f_rows":
+        kind, data = (WeightKind.F32, w.view(np.uint8)) if isinstance(w, np.ndarray) else (WeightKind.of(w), w.data)
+        kernel_call(fdot.f_rows, int(kind), sliced=True)(data, (x,), out, 0, w.shape[0])
+        return out
     if name.startswith("ldot") or name.startswith("lgemm"):
         kernel = ldot.l_rows if name == "ldot.l_rows" else lgemm.l_gemm
         kernel_call(kernel, int(WeightKind.of(w)))(w.data, ldot.quantized(x), out, 0, w.shape[0])
@@ -117,19 +123,23 @@ def _direct(name, w, x, two):
     return out
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K", "Q6_K", "Q4_KX8"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K", "Q6_K", "Q4_KX8", "BF16", "F32"])
 def test_the_backend_takes_the_tables_kernel(kind):
     """simd.linear's result for 1, a few and many rows equals, bit for bit, the kernel the table
     names for that product, called directly."""
     ops = SimdBackend()
-    if not ops.int8_activations or (kind == "Q4_1" and not ops._legacy):
+    if kind not in ("BF16", "F32") and (not ops.int8_activations or (kind == "Q4_1" and not ops._legacy)):
         pytest.skip("this CPU takes these kinds' activations in float32")
-    w = random_blocks(kind.replace("X8", ""), 48, WIDE, seed=5)
+    if kind == "F32":
+        w = ops.weight(np.random.default_rng(5).standard_normal((48, WIDE)).astype(np.float32))
+    else:
+        w = random_blocks(kind.replace("X8", ""), 48, WIDE, seed=5)
     if kind == "Q4_KX8":
         w = kpanels.repack(w)
     rng = np.random.default_rng(0)
     for rows in (1, 2, LEGACY_FEW + 1, GEMM_MIN, 40):
         x = rng.standard_normal((rows, WIDE)).astype(np.float32)
-        name = dispatch.kernel_name(int(WeightKind.of(w)), rows, WIDE, ops._int8_mode(w), ops._legacy)
+        code = int(WeightKind.F32) if kind == "F32" else int(WeightKind.of(w))
+        name = dispatch.kernel_name(code, rows, WIDE, 0 if kind == "F32" else ops._int8_mode(w), ops._legacy)
         np.testing.assert_array_equal(ops.linear(x, w), _direct(name, w, x, False), err_msg=f"{rows} rows: {name}")
     ops.close()

@@ -1,7 +1,7 @@
 """Batch invariance on the Numba backends (issue 41): a row's result is the same bit for bit
-whatever rows share its step. The legacy kinds' products (one row, a few, a prefill's GEMM) sum
-in one order, and so do the K-quants' (qdot.k_tail: one row, a few, qgemm's and kpanels'
-panels); attention reads every row of a cached step as decode does. So a prompt's logits do
+whatever rows share its step. Float weights' products sum in one order (fdot.py: one kernel for
+any rows), the legacy kinds' too (one row, a few, a prefill's GEMM), and so do the K-quants'
+(qdot.k_tail: one row, a few, qgemm's and kpanels' panels); attention reads every row of a cached step as decode does. So a prompt's logits do
 not depend on how it was cut into chunks, how much of it a cache held, what it was batched with,
 or how many threads ran it."""
 
@@ -47,6 +47,36 @@ def test_a_rows_product_does_not_depend_on_its_company(kind):
         for b in (1, 3, 5, 40):  # q/k/v and gate/up: one launch, or the rows rounded once
             for got, one in zip(pool.linear_many(x[:b], wide), (simd.linear(x[:b], v) for v in wide)):
                 np.testing.assert_array_equal(got, one)
+    simd.close()
+    pool.close()
+
+
+@pytest.mark.parametrize("kind", ["F32", "F16", "BF16"])
+def test_a_float_rows_product_does_not_depend_on_its_company(kind):
+    """As above for float weights (fdot.f_rows: one row, the rows left over from blocks of four,
+    a prefill's tiles), float32 matrices of a width not a multiple of sixteen included, where
+    the last columns are added one by one; and against float64 arithmetic, as a product."""
+    simd, pool = create_backend("simd"), create_backend("pool", threads=2)
+    rng = np.random.default_rng(3)
+    shapes = ((203, 96), (64, 256), (37, 100)) if kind == "F32" else ((203, 96), (64, 256))
+    for rows, cols in shapes:
+        if kind == "F32":
+            w = simd.weight(rng.standard_normal((rows, cols)).astype(np.float32))
+            exact = np.asarray(w, np.float64)
+        else:
+            w = random_blocks(kind, rows, cols, seed=rows)
+            exact = w.dequantize(0, rows).astype(np.float64)
+        x = (rng.standard_normal((40, cols)) * rng.choice([0.01, 1, 30], (40, 1))).astype(np.float32)
+        alone = np.concatenate([simd.linear(x[i:i + 1], w) for i in range(40)])
+        np.testing.assert_allclose(alone, x.astype(np.float64) @ exact.T, rtol=1e-4, atol=1e-3 * np.abs(x).max())
+        for ops in (simd, pool):
+            for b in (1, 2, 3, 4, 5, 9, 17, 40):
+                np.testing.assert_array_equal(ops.linear(x[:b], w), alone[:b], err_msg=f"{ops.name}, {b} rows")
+        if kind != "F32":
+            wide = [random_blocks(kind, 48, cols, seed=7), w]
+            for b in (1, 3, 5, 16):  # q/k/v and gate/up in one launch
+                for got, one in zip(pool.linear_many(x[:b], wide), (simd.linear(x[:b], v) for v in wide)):
+                    np.testing.assert_array_equal(got, one)
     simd.close()
     pool.close()
 
@@ -158,5 +188,20 @@ def test_a_k_quant_models_logits_do_not_depend_on_the_cache_or_the_batch():
                         "(Gemma's Q5_0 and Q8_0 matrices): not batch-invariant")
         ids = engine.tokenizer.encode("The chemical symbol for gold is Au, and for silver it is")
         _assert_cut_invariant(engine, np.asarray(ids, np.int64), 5)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_float_models_logits_do_not_depend_on_the_cache_or_the_batch(tmp_path, dtype):
+    """The same for a Hugging Face folder of float32 or bfloat16 weights (fdot.py) on pool:
+    wider than sixteen columns, with a width that is not (intermediate 100)."""
+    from tests.tiny import make_model
+
+    folder = make_model(tmp_path / dtype, "qwen3", hidden=96, intermediate=100, dtype=dtype)
+    engine = inferno.load(str(folder), "pool", threads=2, progress=False)
+    try:
+        ids = np.asarray(engine.tokenizer.encode("a b c d e f g h i j k l m n o p"), np.int64)
+        _assert_cut_invariant(engine, ids, 7)
     finally:
         engine.close()

@@ -52,6 +52,7 @@ class WeightKind(Code):
     Q5_K = 8
     Q6_K = 9
     Q4_KX8 = 10  # Q4_K repacked into panels of eight rows (kpanels.py)
+    F32 = 11  # a float32 matrix, not a QuantTensor (fdot.py reads it as bytes, as F16's)
 
     @classmethod
     def of(cls, w: QuantTensor) -> WeightKind:

@@ -1,4 +1,5 @@
-"""Numba kernels for the dense ops of the simd and pool backends: matvec and GEMM rows, RMSNorm,
+"""Numba kernels for the dense ops of the simd and pool backends: GEMM rows (the materialized
+reference's matmul; a linear's products are fdot.py's and the quantized kernels'), RMSNorm,
 RoPE, SwiGLU, softmax, scale and mask, and the exp they share with attention (attention.py).
 
 Every kernel is serial, compiled to machine code once (`cache=True`: a fresh checkout compiles on
@@ -56,31 +57,6 @@ def exp_into(x, out, bits, n):
 
 
 # -- dense kernels: rows r0..r1 ------------------------------------------------------------------
-@jit
-def matvec(w, x, y, r0, r1):
-    """y[r0:r1] = w[r0:r1] @ x for w [out, in]: decode's linear, reading the weight once, row by
-    row. Four rows per pass share each load of x, which beat both OpenBLAS's sgemv and one row
-    per pass (bench/RESULTS.md, "Figures behind the kernels' shape")."""
-    n = x.shape[0]
-    o = r0
-    while o + 4 <= r1:
-        s0 = s1 = s2 = s3 = np.float32(0.0)
-        for i in range(n):
-            xi = x[i]
-            s0 += w[o, i] * xi
-            s1 += w[o + 1, i] * xi
-            s2 += w[o + 2, i] * xi
-            s3 += w[o + 3, i] * xi
-        y[o], y[o + 1], y[o + 2], y[o + 3] = s0, s1, s2, s3
-        o += 4
-    while o < r1:
-        s = np.float32(0.0)
-        for i in range(n):
-            s += w[o, i] * x[i]
-        y[o] = s
-        o += 1
-
-
 @jit
 def gemm_rows(a, b, out, r0, r1):
     """out[r0:r1] = a[r0:r1] @ b through BLAS (scipy's sgemm via Numba's np.dot); b may be a

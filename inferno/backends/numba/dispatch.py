@@ -10,15 +10,19 @@ row each, ggml's Q8_K; 2: two, the second the first's remainder, for inputs with
 and `legacy`, whether the legacy kinds take theirs as int16 rows. The answer (`kernel`):
 
     weight, activations          1 row              2 .. rows           many rows
+    F32, F16, BF16 weights       fdot.f_rows (any number of rows: one order, one kernel)
     legacy kind, int16 rows      ldot.l_rows (up to LEGACY_FEW)   ->   lgemm.l_gemm
     K-quant, int8 rows           qdot.k_rows        qdot.k_few     ->   qgemm.k_gemm (GEMM_MIN)
     Q4_K in panels (Q4_KX8)      kpanels.p_rows                    ->   kpanels.p_gemm (GEMM_MIN)
-    any kind, float32 rows       qkernels.matvec_rows  few_rows    ->   prefill_rows (past FEW_MAX:
+    quantized, float32 rows      qkernels.matvec_rows  few_rows    ->   prefill_rows (past FEW_MAX:
                                                                         dequantised tiles, sgemm)
 
-Within each line the kernels compute a row alike (the legacy kinds' and the K-quants' one order
-of arithmetic: ldot.py, qdot.k_tail), so a switch between them moves no result; the thresholds
-are about speed only. The CPU enters through them: GEMM_MIN and GEMM_MIN_COLS depend on its
+Within each line but the last the kernels compute a row alike (the float weights' and the
+legacy kinds' and the K-quants' one order of arithmetic: fdot.py, ldot.py, qdot.k_tail), so a
+switch between them moves no result; the thresholds are about speed only. The last line, a
+quantized weight against float32 activations, is taken only where the CPU lacks the integer
+instructions (no AVX2) or the backend is told to keep float32: there a row's sum depends on its
+company. The CPU enters through them: GEMM_MIN and GEMM_MIN_COLS depend on its
 vector registers and VNNI (qgemm.DEEP, qgemm.WIDE), fixed when the kernels compile; whether
 int8 and int16 rows are taken at all is the backend's (`mode`, `legacy`: `activation_mode`).
 """
@@ -31,19 +35,20 @@ from inferno.backends.numba import ldot, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.kpanels import PanelTensor
 
-_, _, _, _, _, _, _, Q4_K, Q5_K, Q6_K, Q4_KX8 = map(int, WeightKind)
+F16, BF16, _, _, _, _, _, Q4_K, Q5_K, Q6_K, Q4_KX8, F32 = map(int, WeightKind)
 
 # The kernels, by line of the table above.
-L_ROWS, L_GEMM, K_ROWS, K_FEW, K_GEMM, P_ROWS, P_GEMM, F_ROW, F_FEW, F_TILES = range(10)
+L_ROWS, L_GEMM, K_ROWS, K_FEW, K_GEMM, P_ROWS, P_GEMM, F_ROW, F_FEW, F_TILES, F_DOT = range(11)
 NAMES = ("ldot.l_rows", "lgemm.l_gemm", "qdot.k_rows", "qdot.k_few", "qgemm.k_gemm",
          "kpanels.p_rows", "kpanels.p_gemm", "qkernels.matvec_rows", "qkernels.few_rows",
-         "qkernels.prefill_rows")
+         "qkernels.prefill_rows", "fdot.f_rows")
 
 # Activation rows up to which the legacy kinds' l_rows beats lgemm's GEMM, whose packing of the
 # weights costs more than a few rows save (SmolLM2's Q8_0 lm_head prefers l_rows at four rows,
 # its Q4_1 matrices the GEMM: bench/RESULTS.md, "Batch-invariant logits").
 LEGACY_FEW = 3
-# Activation rows up to which the float32 row kernels (few_rows) beat dequantised tiles + sgemm.
+# Activation rows up to which the quantized kinds' float32 row kernels (few_rows) beat dequantised
+# tiles + sgemm.
 FEW_MAX = 16
 # Activation rows (and weight columns) from which qgemm's panels beat qdot.k_few, packing
 # included, for every K-quant with and without remainder rows: with AVX-512 VNNI (zmm panels,
@@ -66,6 +71,8 @@ def kernel(kind, rows, cols, mode, legacy):
     a weight of `kind` (a WeightKind code), as the module docstring's table says: plain Python
     where Python calls it (a linear's path, 30 times a token), compiled into the jitted
     drivers."""
+    if kind == F32 or kind == F16 or kind == BF16:
+        return F_DOT
     if legacy and ldot.legacy(kind):
         return L_ROWS if rows <= LEGACY_FEW else L_GEMM
     panels = rows >= GEMM_MIN and cols >= GEMM_MIN_COLS

@@ -147,6 +147,64 @@ def vsum(typingctx, v):
 
 
 @intrinsic
+def vadd_exact(typingctx, a, b):
+    """a + b lane by lane, never reassociated or contracted with what made a or b."""
+    return f32x16(f32x16, f32x16), lambda context, builder, sig, args: builder.fadd(args[0], args[1])
+
+
+@intrinsic
+def vsum_exact(typingctx, v):
+    """The sum of the 16 lanes in one fixed order, never reassociated: halves added lane by lane
+    (16 -> 8 -> 4 -> 2 -> 1), so two kernels that end a row's sum with it agree bit for bit."""
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        width = LANES
+        while width > 1:
+            half = width // 2
+            lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, half), list(range(half))))
+            hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, half), list(range(half, width))))
+            v, width = builder.fadd(lo, hi), half
+        return builder.extract_element(v, ir.Constant(_I32, 0))
+    return types.float32(f32x16), codegen
+
+
+@intrinsic
+def vsums_exact(typingctx, vs):
+    """The lane sums of k vectors (a tuple; k = 2, 4, 8 or 16) in lanes 0..k - 1, each summed in
+    vsum_exact's order: the vectors' halves are shuffled side by side so that one add serves
+    several of them at every level of the tree (15 adds for 16 vectors, not 60)."""
+    if not isinstance(vs, types.UniTuple) or vs.dtype != f32x16 or vs.count not in (2, 4, 8, 16):
+        return None
+    k = vs.count
+
+    def codegen(context, builder, sig, args):
+        vecs = [builder.extract_value(args[0], i) for i in range(k)]
+        sources, width = 1, LANES  # each vector: `sources` runs of `width` lanes to sum
+        while len(vecs) > 1:
+            half = width // 2
+            lo = [s * width + t for s in range(sources) for t in range(half)]
+            hi = [s * width + half + t for s in range(sources) for t in range(half)]
+            lo, hi = lo + [LANES + i for i in lo], hi + [LANES + i for i in hi]
+            vecs = [builder.fadd(builder.shuffle_vector(p, q, ir.Constant(ir.VectorType(_I32, LANES), lo)),
+                                 builder.shuffle_vector(p, q, ir.Constant(ir.VectorType(_I32, LANES), hi)))
+                    for p, q in zip(vecs[0::2], vecs[1::2])]
+            sources, width = 2 * sources, half
+        v = vecs[0]
+        while width > 1:
+            half = width // 2
+            lo = [s * width + t for s in range(sources) for t in range(half)]
+            hi = [s * width + half + t for s in range(sources) for t in range(half)]
+            v = builder.fadd(builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(lo)), lo)),
+                             builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(hi)), hi)))
+            width = half
+        if k < LANES:  # back to sixteen lanes, the rest undefined
+            v = builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                                       ir.Constant(ir.VectorType(_I32, LANES), list(range(k)) + [k] * (LANES - k)))
+        return v
+    return f32x16(vs), codegen
+
+
+@intrinsic
 def vpairs_hi(typingctx, v):
     """Lanes 8 + g = v[2g] + v[2g + 1] (g < 8), lanes 0-7 zero: sums per 16 as sums per 32, in
     the lanes that hold a Q4_K super-block's mins (vkscales)."""
@@ -185,6 +243,23 @@ def f16at(typingctx, f, o):
     def codegen(context, builder, sig, args):
         h = builder.load(_address(context, builder, sig.args[0], args[0], args[1], ir.HalfType(), 1), align=1)
         return builder.fpext(h, _F32)
+    return types.float32(f, types.intp), codegen
+
+
+@intrinsic
+def f32at(typingctx, f, o):
+    """The float32 at bytes f[o:o + 4]."""
+    def codegen(context, builder, sig, args):
+        return builder.load(_address(context, builder, sig.args[0], args[0], args[1], _F32, 1), align=1)
+    return types.float32(f, types.intp), codegen
+
+
+@intrinsic
+def bf16at(typingctx, f, o):
+    """The bfloat16 at bytes f[o:o + 2], as float32 (its bits the float's top half)."""
+    def codegen(context, builder, sig, args):
+        h = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I16, 1), align=1)
+        return builder.bitcast(builder.shl(builder.zext(h, _I32), ir.Constant(_I32, 16)), _F32)
     return types.float32(f, types.intp), codegen
 
 

@@ -53,13 +53,6 @@ _THREADS_SET = threading.local()  # the count set with nb.set_num_threads, per c
 
 
 @nb.njit(parallel=True, cache=True)
-def _matvec(w, x, y, chunks):
-    n = w.shape[0]
-    for c in nb.prange(chunks):
-        K.matvec(w, x, y, chunk_start(n, c, chunks, 4), chunk_start(n, c + 1, chunks, 4))
-
-
-@nb.njit(parallel=True, cache=True)
 def _gemm(a, b, out, chunks):
     n = a.shape[0]
     for c in nb.prange(chunks):
@@ -229,13 +222,12 @@ class PoolBackend(SimdBackend):
                 tile = min(tile, -(-w.shape[0] // self.threads))
                 self._launch(Q.linear_par_for(kind), w.data, x, out, tile, self.threads,
                              self._int8_mode(w), legacy)
-        elif x.shape[0] == 1:
-            if self.threads == 1 or w.size < self.parallel_min_elements:
-                K.matvec(w, x[0], out[0], 0, w.shape[0])
+        else:  # float32 (fdot.py: one order of arithmetic, as the quantized kinds')
+            check_width(x, w)
+            if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
+                Q.linear_for(WeightKind.F32)(w.view(np.uint8), x, out, 0, 0, False)
             else:
-                self._launch(_matvec, w, x[0], out[0], self.threads)
-        else:
-            self._rowwise(K.gemm_rows, _gemm, out.size * x.shape[1], out, x, w.T)
+                self._launch(Q.linear_par_for(WeightKind.F32), w.view(np.uint8), x, out, 0, self.threads, 0, False)
         return out
 
     def linear_many(self, x, ws):

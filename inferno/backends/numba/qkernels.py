@@ -44,7 +44,7 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import overload
 
-from inferno.backends.numba import dispatch, jitcache, kpanels, ldot, lgemm, qdot, qgemm
+from inferno.backends.numba import dispatch, fdot, jitcache, kpanels, ldot, lgemm, qdot, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dispatch import (  # the table of which kernel runs
     F_ROW, F_TILES, K_FEW, K_GEMM, K_ROWS, L_GEMM, L_ROWS, P_GEMM, int_dot,
@@ -61,7 +61,7 @@ from inferno.backends.numba.lanes import (
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 
 # The weight kinds as the kernels branch on them: plain ints (codes.py says why).
-F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8 = map(int, WeightKind)
+F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8, F32 = map(int, WeightKind)
 
 # Activation rows from which the parallel drivers quantize them on every thread (a prefill's 512
 # rows took 0.3-2 ms a call on one, serial before each product; a decode row stays on one thread,
@@ -73,7 +73,7 @@ PASS_ROWS = lgemm.PANELS * lgemm.ROWS
 
 # -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
 K_GROUPS = 8
-UNIT_BYTES = (64, 64, 34, 18, 20, 22, 24, 144, 176, 210, 144)  # per kernel code: F16 .. Q6_K, Q4_KX8
+UNIT_BYTES = (64, 64, 34, 18, 20, 22, 24, 144, 176, 210, 144, 128)  # per kernel code: F16 .. Q4_KX8, F32
 
 
 @jit
@@ -184,7 +184,7 @@ def activation_rows(x, xs, xq, b0, b1):
 
 def rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
     """out[:, col + r0:col + r1] = x @ w[r0:r1].T for x [B, cols] (dispatch.FEW_MAX at most, unless
-    the kind takes int8 rows), xs its group sums,
+    the kind takes int8 rows or is a float kind), xs its group sums,
     xq its row quantized or empty (`activations`), col where this weight's outputs start, in a
     buffer several weights share. Jitted code only (the overload below).
 
@@ -215,6 +215,9 @@ def _rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
         elif code == Q4_KX8:
             def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
                 _rows_panels(w, x, xq, out, col, r0, r1)
+        elif code == F16 or code == BF16 or code == F32:  # dispatch.F_DOT, whatever the rows
+            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
+                fdot.f_rows(code, w, x, out[:, col:], r0, r1)
         else:
             def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
                 _rows(code, w, x, xs, out, col, r0, r1)

@@ -181,10 +181,9 @@ class SimdBackend(Backend):
             check_width(x, w)
             Q.linear_for(WeightKind.of(w))(w.data, x, out, prefill_tile(w.shape[1]),
                                            self._int8_mode(w), self._legacy)
-        elif x.shape[0] == 1:
-            K.matvec(w, x[0], out[0], 0, w.shape[0])
-        else:
-            np.matmul(x, w.T, out=out)
+        else:  # float32 (fdot.py: one order of arithmetic, as the quantized kinds')
+            check_width(x, w)
+            Q.linear_for(WeightKind.F32)(w.view(np.uint8), x, out, 0, 0, False)
         return out
 
     def linear_many(self, x, ws):
