@@ -93,6 +93,19 @@ def kernel_call(kernel, *constant, sliced: bool = False):
     return nb.njit(scope["call"])
 
 
+def float_case(name: str):
+    """A float weight of kind `name` (F32, F16, BF16) as the bytes fdot.f_rows reads, 37 rows
+    (not a multiple of its passes), and 11 activation rows: F32 100 columns wide (six whole
+    blocks of sixteen and four one by one), the 16-bit kinds 96."""
+    cols = 100 if name == "F32" else 96
+    if name == "F32":
+        w = np.random.default_rng(5).standard_normal((37, cols)).astype(np.float32).view(np.uint8)
+        w.flags.writeable = False
+    else:
+        w = random_blocks(name, 37, cols, seed=5).data
+    return w, np.random.default_rng(6).standard_normal((11, cols)).astype(np.float32)
+
+
 def width(name: str, blocks: int) -> int:
     """Columns of `blocks` whole blocks of type `name` (16-bit types: groups of 32)."""
     return blocks * max(QTYPES[name].block, 32)

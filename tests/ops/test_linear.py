@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ops.helpers import NUMBA, assert_close, call, f32, host, rand
-from qblocks import (assert_int8_close, assert_int16_close, assert_matches, assert_rounding_close, kernel_call,
-                     magnitudes, random_blocks, width)
+from qblocks import (assert_int8_close, assert_int16_close, assert_matches, assert_rounding_close, float_case,
+                     kernel_call, magnitudes, random_blocks, width)
 
 from inferno.formats.quant import QTYPES
 
@@ -205,7 +205,7 @@ NO_VNNI = """
 import sys
 import numpy as np
 sys.path.insert(0, {tests!r})
-from qblocks import kernel_call, random_blocks
+from qblocks import float_case, kernel_call, random_blocks
 from inferno.backends.numba import ilanes, qdot, qgemm
 assert ilanes.fast_int_dot() and not ilanes._vnni() and qgemm.WIDE
 assert qgemm.DEEP == ("+avx512f" in {features!r})
@@ -232,6 +232,18 @@ for name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"):
     x = np.random.default_rng(4).standard_normal((7, 96), dtype=np.float32)
     got = np.empty((7, 29), np.float32)
     kernel_call(lgemm.l_gemm, int(WeightKind[name]))(w.data, ldot.quantized(x), got, 0, 29)
+    np.save({out!r} + f"/{{name}}.npy", got)
+from inferno.backends.numba import fdot
+assert fdot.BLOCK == (4 if "+avx512f" in {features!r} else 2)
+for name in ("F32", "F16", "BF16"):
+    w, x = float_case(name)
+    got = np.empty((11, 37), np.float32)
+    call = kernel_call(fdot.f_rows, int(WeightKind[name]), sliced=True)
+    call(w, (x,), got, 0, 37)
+    for b in range(11):  # one order on this CPU too: a row alone is the row in a block
+        alone = np.empty((1, 37), np.float32)
+        call(w, (x[b:b + 1],), alone, 0, 37)
+        assert (alone[0] == got[b]).all(), (name, b)
     np.save({out!r} + f"/{{name}}.npy", got)
 """
 
@@ -268,7 +280,8 @@ def test_int8_gemm_without_vnni(backend, cpu, features, request):
     the same answers as this process's build (vpdpbusd and vpdpwssd where the host has VNNI):
     the same integer sums, within float32 rounding. Haswell's AVX2 (ilanes' 512-bit vectors as
     two ymm halves, qgemm's passes of four rows) and, where the host can run it, Skylake-X's
-    AVX-512 without VNNI (512-bit vpmaddubsw, passes of eight rows: qgemm.DEEP)."""
+    AVX-512 without VNNI (512-bit vpmaddubsw, passes of eight rows: qgemm.DEEP). Float weights
+    (fdot.py: two activation rows a pass without AVX-512) give the same bits on every CPU."""
     from inferno.backends.numba import qdot, qgemm
     start_early([request.node], request.config)  # (started already, unless run on its own)
     build, tmp_path = _BUILDS[cpu]
@@ -304,6 +317,12 @@ def test_int8_gemm_without_vnni(backend, cpu, features, request):
         here = np.empty_like(wide)
         kernel_call(lgemm.l_gemm, int(WeightKind[name]))(w.data, ldot.quantized(x), here, 0, 29)
         assert (np.abs(wide - here) <= 1e-6 * (np.abs(x) @ magnitudes(w).T)).all()
+    from inferno.backends.numba import fdot
+    for name in ("F32", "F16", "BF16"):  # one order of arithmetic on every CPU: the same bits
+        w, x = float_case(name)
+        here = np.empty((11, 37), np.float32)
+        kernel_call(fdot.f_rows, int(WeightKind[name]), sliced=True)(w, (x,), here, 0, 37)
+        np.testing.assert_array_equal(np.load(tmp_path / f"{name}.npy"), here, err_msg=f"{cpu}: {name}")
 
 
 @pytest.mark.backends("simd")
