@@ -340,7 +340,8 @@ class Engine:
         - `prefill`: a prompt of WARM_PROMPT tokens, as a short first turn takes;
         - `decode`: a decode step of one sequence (on the device runner where there is one);
         - `rest`: every path a generation can take: two short prompts, a short chunk after a
-          cache alone, then beside a decode, a decode beside a long chunk, and the two above;
+          cache alone, then beside a decode, a decode beside a long chunk, a decode of four
+          sequences, and the two above;
           with each op's own choice by size, then with every op on the path that long prompts
           and contexts take (ops.every_path: pool's parallel kernels)."""
         model, ops = self.model, self.model.ops
@@ -364,6 +365,8 @@ class Engine:
                     ops.to_numpy(model.step([Segment(zeros(2), 0, 3)], cache))  # a chunk after a cache
                     ops.to_numpy(model.step([Segment(zeros(1), 0, 4), Segment(zeros(2), 1, 2)], cache))
                     ops.to_numpy(model.step([Segment(zeros(1), 0, 5), Segment(zeros(chunk), 1, 4)], cache))
+                    # a batched decode: the head over four rows (a server's step, a draft's check)
+                    ops.to_numpy(model.step([Segment(zeros(1), s, 1) for s in range(4)], model.new_cache(2, slots=4)))
                     self.warm_up("prefill")
                     self.warm_up("decode")
         else:

@@ -9,4 +9,8 @@ pool.py), with their kernels grouped by concern:
 - the weight and cache kinds as the kernels branch on them (codes.py), vector lanes (lanes.py,
   ilanes.py);
 - the runtime they sit on: BLAS (blas.py), the kernel cache (jitcache.py), the free cores
-  (contention.py)."""
+  (contention.py), Numba's inliner made to copy less (inlining.py)."""
+
+from inferno.backends.numba import inlining
+
+inlining.apply()  # before any kernel compiles: Numba's inliner copying less (inlining.py)
