@@ -15,8 +15,9 @@ from inferno.backends.numba import inlining
 
 def test_the_patch_takes_or_numba_no_longer_needs_it():
     from numba.core import inline_closurecall
+    applied = inlining.apply()
     method = inline_closurecall.InlineWorker.inline_ir
-    if inlining.apply():
+    if applied:
         assert method.patched_by == inlining.__name__
     else:  # a Numba whose inliner changed: the per-block copy must be gone with it
         assert "copy.deepcopy(the_ir.blocks[block_label])" not in inspect.getsource(method)
@@ -69,3 +70,24 @@ def test_inlined_helpers_compute_as_written():
         want, want_last = _reference(x, k)
         assert last == want_last
         assert np.isclose(got, want, rtol=1e-12, atol=0)
+
+
+def test_a_kernel_that_misses_the_cache_applies_it_first(monkeypatch, capsys):
+    """jitcache applies the patch when a kernel misses the cache (Numba compiles next), not at
+    import: a warm load never imports Numba's compiler."""
+    from numba.core import inline_closurecall
+    from numba.core.registry import cpu_target
+    from test_jitcache import FakeCache
+
+    from inferno.backends.numba import jitcache
+    if not inlining.apply():
+        return  # a Numba that needs no patch (the test above says which)
+    worker = inline_closurecall.InlineWorker
+    monkeypatch.setattr(worker, "inline_ir", worker.inline_ir.original)
+    monkeypatch.setattr(inlining, "_applied", None)
+    monkeypatch.setattr(jitcache, "_told", True)  # (no note: test_jitcache checks it)
+    ctx = cpu_target.target_context
+    assert jitcache._load_overload(FakeCache("hit"), (), ctx) == "hit"
+    assert not hasattr(worker.inline_ir, "patched_by")
+    assert jitcache._load_overload(FakeCache(None), (), ctx) is None
+    assert worker.inline_ir.patched_by == inlining.__name__

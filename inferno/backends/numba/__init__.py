@@ -10,7 +10,3 @@ pool.py), with their kernels grouped by concern:
   ilanes.py);
 - the runtime they sit on: BLAS (blas.py), the kernel cache (jitcache.py), the free cores
   (contention.py), Numba's inliner made to copy less (inlining.py)."""
-
-from inferno.backends.numba import inlining
-
-inlining.apply()  # before any kernel compiles: Numba's inliner copying less (inlining.py)

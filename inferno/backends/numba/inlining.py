@@ -14,7 +14,9 @@ all its blocks (so the blocks share one copied Scope, as the original's blocks s
 and returns the IR it was given as the "unmutated" one (the method never mutates it; the
 inliner's callers discard it or only read it). The copy is made from Numba's own source: where
 that source is not the one this was written against, nothing is replaced and Numba runs as it
-is. The result is the same IR; only the time to make it changes.
+is. The result is the same IR; only the time to make it changes. jitcache.py applies it when a
+kernel misses the cache, just before Numba compiles it: a warm load never imports Numba's
+compiler, and this would.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def apply() -> bool:
     patched.__qualname__ = worker.inline_ir.__qualname__
     patched.__doc__ = worker.inline_ir.__doc__
     patched.patched_by = __name__
+    patched.original = worker.inline_ir
     worker.inline_ir = patched
     _applied = True
     return True

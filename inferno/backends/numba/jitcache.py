@@ -50,6 +50,8 @@ import threading
 import time
 from pathlib import Path
 
+from inferno.backends.numba import inlining
+
 try:
     import llvmlite.binding as ll
     from numba.core import caching
@@ -265,6 +267,8 @@ def _load_overload(cache, sig, target_context):
         _loading.ours = outer
     if found is None:
         _misses[0] += 1
+        inlining.apply()  # Numba compiles next: its inliner made to copy less (not at import: a
+        # warm load never imports Numba's compiler)
     if found is None and not _told:
         _told = True
         last = last_compile()
