@@ -205,3 +205,38 @@ def test_a_float_models_logits_do_not_depend_on_the_cache_or_the_batch(tmp_path,
         _assert_cut_invariant(engine, ids, 7)
     finally:
         engine.close()
+
+
+def test_the_lane_sums_of_many_rows_are_each_rows_own():
+    """lanes.vsums_exact (the blocked float kernels) sums each vector's lanes as vsum_exact
+    (fdot's tree) does, bit for bit, for 2, 4, 8 and 16 vectors, compiled with the kernels'
+    fast-math flags (which must not regroup them), on sums whose order shows in their bits."""
+    import numba as nb
+
+    from inferno.backends.numba.dense import FAST
+    from inferno.backends.numba.lanes import vload, vstore, vsum_exact, vsums_exact
+
+    @nb.njit(fastmath=FAST)
+    def both(x, k, out, each):
+        v0, v1, v2, v3 = vload(x, 0), vload(x, 16), vload(x, 32), vload(x, 48)
+        v4, v5, v6, v7 = vload(x, 64), vload(x, 80), vload(x, 96), vload(x, 112)
+        v8, v9, v10, v11 = vload(x, 128), vload(x, 144), vload(x, 160), vload(x, 176)
+        v12, v13, v14, v15 = vload(x, 192), vload(x, 208), vload(x, 224), vload(x, 240)
+        if k == 2:
+            vstore(out, 0, vsums_exact((v0, v1)))
+        elif k == 4:
+            vstore(out, 0, vsums_exact((v0, v1, v2, v3)))
+        elif k == 8:
+            vstore(out, 0, vsums_exact((v0, v1, v2, v3, v4, v5, v6, v7)))
+        else:
+            vstore(out, 0, vsums_exact((v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15)))
+        for i, v in enumerate((v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15)):
+            each[i] = vsum_exact(v)
+
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        x = (rng.standard_normal(256) * 10.0 ** rng.integers(-6, 7, 256)).astype(np.float32)
+        for k in (2, 4, 8, 16):
+            out, each = np.zeros(16, np.float32), np.zeros(16, np.float32)
+            both(x, k, out, each)
+            np.testing.assert_array_equal(out[:k].view(np.uint32), each[:k].view(np.uint32))

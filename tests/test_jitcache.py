@@ -176,7 +176,7 @@ def no_compile(path, backend: str, measure: str, env=None) -> dict:
     return json.loads(run.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("model", ["tiny", "smollm2-135m"])
+@pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2-135m", marks=[pytest.mark.real_model, pytest.mark.slow])])
 def test_nothing_compiles_during_generation(tmp_path_factory, model):
     """After the load, a generation past the context where pool's decode goes parallel, a
     chat's later turns and batched steps with chunked prompts take no kernel the load did not:

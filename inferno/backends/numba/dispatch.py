@@ -67,7 +67,7 @@ def int_dot(kind):
 
 @register_jitable
 def kernel(kind, rows, cols, mode, legacy):
-    """The kernel (L_ROWS .. F_TILES) that multiplies `rows` activation rows of `cols` values by
+    """The kernel (L_ROWS .. F_DOT) that multiplies `rows` activation rows of `cols` values by
     a weight of `kind` (a WeightKind code), as the module docstring's table says: plain Python
     where Python calls it (a linear's path, 30 times a token), compiled into the jitted
     drivers."""

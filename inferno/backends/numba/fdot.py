@@ -5,7 +5,7 @@ A weight row and an activation row meet the same way whatever else is computed b
   sixteen lanes and those of odd blocks in another, each product added with one rounding
   (llvm.fma, which fast-math cannot reassociate);
 - the two vectors added lane by lane, the lanes in one fixed tree (lanes.vsum_exact's, which
-  vsums_exact runs for several rows at once);
+  vsums_exact runs for several rows at once), adds whose flags allow no regrouping;
 - the columns past the last whole sixteen one by one (sfma).
 So one row alone (decode), a few (a verify step, a batch) and a prefill give a row the same
 bits, and so do one thread and two: the float kinds' part of batch invariance (ldot.py and

@@ -20,6 +20,10 @@ from numba.extending import intrinsic, models, register_model
 
 LANES = 16
 _FAST = ("reassoc", "contract", "arcp", "nsz")  # dense.FAST, as LLVM flags
+# The flags of an add that must stay where it is written: Numba's fast-math pass gives every
+# float add without flags the kernel's (reassoc among them), so an exact add needs flags of its
+# own; arcp (reciprocals in divisions) moves no add.
+_STRICT = ("arcp",)
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, LANES)
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -149,7 +153,7 @@ def vsum(typingctx, v):
 @intrinsic
 def vadd_exact(typingctx, a, b):
     """a + b lane by lane, never reassociated or contracted with what made a or b."""
-    return f32x16(f32x16, f32x16), lambda context, builder, sig, args: builder.fadd(args[0], args[1])
+    return f32x16(f32x16, f32x16), lambda context, builder, sig, args: builder.fadd(args[0], args[1], flags=_STRICT)
 
 
 @intrinsic
@@ -163,7 +167,7 @@ def vsum_exact(typingctx, v):
             half = width // 2
             lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, half), list(range(half))))
             hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, half), list(range(half, width))))
-            v, width = builder.fadd(lo, hi), half
+            v, width = builder.fadd(lo, hi, flags=_STRICT), half
         return builder.extract_element(v, ir.Constant(_I32, 0))
     return types.float32(f32x16), codegen
 
@@ -186,7 +190,7 @@ def vsums_exact(typingctx, vs):
             hi = [s * width + half + t for s in range(sources) for t in range(half)]
             lo, hi = lo + [LANES + i for i in lo], hi + [LANES + i for i in hi]
             vecs = [builder.fadd(builder.shuffle_vector(p, q, ir.Constant(ir.VectorType(_I32, LANES), lo)),
-                                 builder.shuffle_vector(p, q, ir.Constant(ir.VectorType(_I32, LANES), hi)))
+                                 builder.shuffle_vector(p, q, ir.Constant(ir.VectorType(_I32, LANES), hi)), flags=_STRICT)
                     for p, q in zip(vecs[0::2], vecs[1::2])]
             sources, width = 2 * sources, half
         v = vecs[0]
@@ -195,7 +199,7 @@ def vsums_exact(typingctx, vs):
             lo = [s * width + t for s in range(sources) for t in range(half)]
             hi = [s * width + half + t for s in range(sources) for t in range(half)]
             v = builder.fadd(builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(lo)), lo)),
-                             builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(hi)), hi)))
+                             builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(hi)), hi)), flags=_STRICT)
             width = half
         if k < LANES:  # back to sixteen lanes, the rest undefined
             v = builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),

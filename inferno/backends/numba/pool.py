@@ -45,7 +45,7 @@ from inferno.backends.numba.contention import Contention
 from inferno.backends.numba import qkernels as Q
 from inferno.backends.numba.qkernels import chunk_start
 from inferno.formats.quant import QuantTensor
-from inferno.backends.numba.simd import SimdBackend, check_width, contiguous, prefill_tile, token_ids
+from inferno.backends.numba.simd import SimdBackend, check_float, check_width, contiguous, prefill_tile, token_ids
 from inferno.errors import InfernoError
 
 _LAUNCH = threading.Lock()  # NOTE: process-wide, like Numba's worker team it guards
@@ -223,7 +223,7 @@ class PoolBackend(SimdBackend):
                 self._launch(Q.linear_par_for(kind), w.data, x, out, tile, self.threads,
                              self._int8_mode(w), legacy)
         else:  # float32 (fdot.py: one order of arithmetic, as the quantized kinds')
-            check_width(x, w)
+            check_float(x, w)
             if self.threads == 1 or out.size * x.shape[1] < self.parallel_min_elements:
                 Q.linear_for(WeightKind.F32)(w.view(np.uint8), x, out, 0, 0, False)
             else:

@@ -84,6 +84,14 @@ def check_width(x, w: QuantTensor) -> None:
         raise ValueError(f"x has {x.shape[1]} columns, the weight {w.shape[1]}")
 
 
+def check_float(x, w: np.ndarray) -> None:
+    """fdot reads a float matrix's bytes as float32 without bounds checks: it must be float32
+    (weight() makes it so) and as wide as x."""
+    if w.dtype != np.float32:
+        raise ValueError(f"a float weight must be float32 (backend.weight(w)), got {w.dtype}")
+    check_width(x, w)
+
+
 def token_ids(ids, vocab: int) -> np.ndarray:
     """ids as int64, each checked against the table (the kernels index without checks)."""
     ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
@@ -152,7 +160,7 @@ class SimdBackend(Backend):
     def weight(self, w):
         """[out, in] as stored (see the module docstring): a read-only memory-mapped float32 view
         is not copied, and a QuantTensor stays quantized (quantized_weight). Every float weight
-        is handed over read-only, mapped or not, so the matvec compiles one variant for all."""
+        is handed over read-only, mapped or not, so fdot compiles one variant for all."""
         if isinstance(w, QuantTensor):
             return quantized_weight(w)
         w = np.ascontiguousarray(w, dtype=np.float32).view()
@@ -182,7 +190,7 @@ class SimdBackend(Backend):
             Q.linear_for(WeightKind.of(w))(w.data, x, out, prefill_tile(w.shape[1]),
                                            self._int8_mode(w), self._legacy)
         else:  # float32 (fdot.py: one order of arithmetic, as the quantized kinds')
-            check_width(x, w)
+            check_float(x, w)
             Q.linear_for(WeightKind.F32)(w.view(np.uint8), x, out, 0, 0, False)
         return out
 
@@ -214,7 +222,7 @@ class SimdBackend(Backend):
         """The reference's plan (base.ExpertPlan, routed and combined in experts.py's jitted
         copies of its arithmetic), its experts' matrices multiplied in two calls for the whole
         step (experts.py): gate and up, then down. Float32 experts take the
-        reference's loop over experts (sgemm and matvec per expert)."""
+        reference's loop over experts (a linear per expert: fdot.py)."""
         if not all(isinstance(w, QuantTensor) for w in experts):
             return super().moe(x, router, experts, top_k, norm_topk)
         gate, up, down = experts
