@@ -143,3 +143,22 @@ def test_the_backend_takes_the_tables_kernel(kind):
         name = dispatch.kernel_name(code, rows, WIDE, 0 if kind == "F32" else ops._int8_mode(w), ops._legacy)
         np.testing.assert_array_equal(ops.linear(x, w), _direct(name, w, x, False), err_msg=f"{rows} rows: {name}")
     ops.close()
+
+
+@pytest.mark.parametrize("backend", ["simd", "pool"])
+def test_a_float_weight_not_float32_is_refused(backend):
+    """fdot reads a float matrix's bytes as float32 without bounds checks: a float64 or float16
+    array handed to linear without backend.weight() is refused in one clear error, not read past
+    its end; one of the wrong width too."""
+    from inferno.backends import create_backend
+    ops = create_backend(backend)
+    x = np.ones((3, 32), np.float32)
+    try:
+        for dtype in (np.float64, np.float16):
+            with pytest.raises(ValueError, match=r"must be float32 \(backend.weight\(w\)\)"):
+                ops.linear(x, np.ones((8, 32), dtype))
+        with pytest.raises(ValueError, match="x has 32 columns, the weight 48"):
+            ops.linear(x, ops.weight(np.ones((8, 48), np.float32)))
+        np.testing.assert_array_equal(ops.linear(x, ops.weight(np.ones((8, 32), np.float32))), np.full((3, 8), 32.0))
+    finally:
+        ops.close()
