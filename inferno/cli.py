@@ -1,4 +1,4 @@
-"""`inferno generate | chat | serve | bench | pull | list`: parse flags, call the engine, print.
+"""`inferno generate | chat | serve | embed | bench | pull | list`: parse flags, call the engine, print.
 
 Generated text goes to stdout as it streams; stats, progress and errors go to stderr, so
 `inferno generate ... > answer.txt` captures just the answer. A user error (InfernoError) is
@@ -87,6 +87,13 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="context size in tokens, prompt and reply together (default: the model's)")
 
 
+def add_pooling_arg(p: argparse.ArgumentParser) -> None:
+    from inferno.embedding import POOLINGS
+    p.add_argument("--pooling", default=None, choices=POOLINGS,
+                   help="how a text's token vectors become one: the last token's, their mean, the "
+                        "first's, or none (one per token) (default: what the model's files say, else last)")
+
+
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="threads for the pool backend (default: every core)")
@@ -106,6 +113,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="server log: info has a line per request")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds running requests get to finish before they are cancelled")
+    p.add_argument("--embeddings", action="store_true",
+                   help="serve /v1/embeddings with a model that is not an embedding model (an embedding "
+                        "model serves them without this flag)")
+    add_pooling_arg(p)
     p.add_argument("--ray", action="store_true", help="run as Ray Serve replicas (pip install -e '.[ray]' in inferno's folder)")
     p.add_argument("--replicas", type=_positive_int, default=1, help="with --ray: replicas, each with its own engine")
     p.add_argument("--ray-address", default=None,
@@ -164,6 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_args(s)
     add_spec_args(s)
     s.set_defaults(func=cmd_serve)
+
+    e = sub.add_parser("embed", help="vectors for texts, one JSON array per line (as /v1/embeddings "
+                       "gives them)", formatter_class=fmt)
+    add_model_args(e)
+    e.add_argument("text", nargs="+", help="texts to embed; - reads one text per line from stdin")
+    add_pooling_arg(e)
+    e.add_argument("--no-normalize", action="store_true", help="the pooled vectors as they are, not of unit length")
+    e.add_argument("--dimensions", type=_positive_int, default=None,
+                   help="keep the first N values (a model trained for it: Matryoshka), then normalise")
+    e.add_argument("--ctx-size", "-c", type=_positive_int, default=None,
+                   help="most tokens a text may have (default: the model's context)")
+    e.set_defaults(func=cmd_embed)
 
     w = sub.add_parser("warmup", help="compile a model's kernels on a backend ahead of time (an image "
                        "build, a CI job): the first reply then waits on nothing", formatter_class=fmt)
@@ -254,8 +277,9 @@ def load_engine(args, trace: bool = False):
           file=sys.stderr)
     if engine.draft is not None:
         print(f"draft: {engine.draft.load_s:.2f} s ({engine.draft.source}{engine.draft.size_note})", file=sys.stderr)
-    given = {f: getattr(args, f) for f in SAMPLING_FIELDS}
-    print(f"sampling: {as_flags(engine.sampling.describe(given), SAMPLING_FIELDS)}", file=sys.stderr)
+    if hasattr(args, "temperature"):  # a command that samples
+        given = {f: getattr(args, f) for f in SAMPLING_FIELDS}
+        print(f"sampling: {as_flags(engine.sampling.describe(given), SAMPLING_FIELDS)}", file=sys.stderr)
     return engine
 
 
@@ -415,13 +439,38 @@ def cmd_serve(args) -> int:
                           parallel=args.parallel, ctx_size=args.ctx_size,
                           queue_limit=args.queue_limit, chunk=args.prefill_chunk,
                           api_key=args.api_key or os.environ.get("INFERNO_API_KEY") or None,
-                          model_id=args.alias, model_draft=args.model_draft, **speculative(args))
+                          model_id=args.alias, model_draft=args.model_draft, embeddings=args.embeddings,
+                          pooling=args.pooling, **speculative(args))
     if args.ray:
         from inferno.serve.ray_app import run
         return run(config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address)
     from inferno.serve.server import run
     return run(config, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
                log_level=args.log_level)
+
+
+def cmd_embed(args) -> int:
+    import time
+    texts = [line for t in args.text for line in (sys.stdin.read().splitlines() if t == "-" else [t])]
+    if not texts:
+        raise InfernoError("embed: no text given (stdin was empty)")
+    engine = load_engine(args)
+    try:
+        if engine.embedding_note:
+            print(f"note: {engine.embedding_note}", file=sys.stderr)
+        t0 = time.perf_counter()
+        vectors = engine.embed(texts, pooling=args.pooling, normalize=not args.no_normalize,
+                               dimensions=args.dimensions, ctx_size=args.ctx_size)
+        seconds = time.perf_counter() - t0
+        for v in vectors:
+            print(json.dumps(v.tolist()))
+        tokens = sum(map(len, engine.embed_ids(texts)))
+        print(f"embed: {len(texts)} texts, {tokens} tokens in {seconds * 1e3:.1f} ms, "
+              f"{tokens / seconds:.1f} tokens/s ({engine.embedder(args.pooling).pooling} pooling, "
+              f"{vectors[0].shape[-1]} values each)", file=sys.stderr)
+    finally:
+        engine.close()
+    return 0
 
 
 def cmd_warmup(args) -> int:

@@ -27,6 +27,8 @@ from inferno.constrain import Grammar, Grammars
 from inferno.tools import detect_format, for_template, supports_tools
 from inferno.errors import InfernoError
 from inferno.draft import Replies
+from inferno import embedding
+from inferno.embedding import DEFAULT_POOLING, MAX_INPUTS, Embedder, check_pooling
 from inferno.loading.loader import Checkpoint, open_checkpoint
 from inferno.model.decoder import UBATCH, DecoderModel, Segment
 from inferno.loading.resolve import DEFAULT_MODEL, alias_sampling, resolve
@@ -129,6 +131,7 @@ class Engine:
         self.weight_type = checkpoint.weight_type()
         self.ctx_size = check_ctx_size(ctx_size, self.config)
         self.sampling = SamplingDefaults.layered(*checkpoint.sampling)  # what a call leaves unset
+        self.embedding = checkpoint.embedding  # its pooling, if its files name one (embedding.py)
         # Tokens that end a reply: the tokenizer's turn enders and the config's eos ids.
         self.eos = frozenset(self.tokenizer.eos_ids) | frozenset(self.config.eos_token_ids)
         self.backend = ops.name
@@ -201,6 +204,74 @@ class Engine:
         extra = {"tools": tools} if tools and native else {}
         text = tok.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=think, **extra)
         return tok.encode(text, add_special_tokens=False)
+
+    def embedder(self, pooling: str | None = None, *, normalize: bool = True,
+                 dimensions: int | None = None) -> Embedder:
+        """How this model turns texts into vectors: `pooling` (embedding.POOLINGS) overrides
+        what its files say; a model whose files say nothing pools its last token."""
+        spec = self.embedding
+        chosen = check_pooling(pooling) if pooling is not None else spec.pooling or DEFAULT_POOLING
+        spec.check_dimensions(dimensions, self.config.hidden_size)
+        return Embedder(spec, chosen, normalize, dimensions)
+
+    @property
+    def embedding_note(self) -> str | None:
+        """What to tell a user who embeds with a model that is not an embedding model."""
+        if self.embedding.is_embedding_model:
+            return None
+        return (f"{Path(self.source).name} is not an embedding model (its files name no pooling): "
+                f"embedding with {DEFAULT_POOLING}-token pooling, as vLLM does; a model trained for "
+                f"embeddings (Qwen3-Embedding, say) gives better vectors")
+
+    def embed_ids(self, inputs) -> list[list[int]]:
+        """Each input's token ids, as sentence-transformers makes them: a text tokenized with
+        the special tokens the tokenizer adds (a BOS, Qwen3-Embedding's EOS), or rendered as a
+        user message where the model's folder says so (EmbeddingSpec.as_message); a list of
+        ids as given."""
+        if isinstance(inputs, str) or (len(inputs) and isinstance(inputs[0], (int, np.integer))):
+            inputs = [inputs]
+        if not 1 <= len(inputs) <= MAX_INPUTS:
+            raise InfernoError(f"input: give 1 to {MAX_INPUTS} texts to embed, got {len(inputs)}",
+                               params=("input",))
+        prompts = []
+        for i, x in enumerate(inputs):
+            ids = self._embed_text(x) if isinstance(x, str) else self.check_ids(x).tolist()
+            if not ids:
+                raise InfernoError(f"input {i} is empty: give some text", params=("input",))
+            prompts.append(ids)
+        return prompts
+
+    def _embed_text(self, text: str) -> list[int]:
+        tok = self.tokenizer
+        if self.embedding.as_message and tok.chat_template and text:
+            text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=False)
+            return tok.encode(text, add_special_tokens=False)
+        return tok.encode(text, add_special_tokens=True)
+
+    def embed(self, inputs, *, pooling: str | None = None, normalize: bool = True,
+              dimensions: int | None = None, ctx_size: int | None = None):
+        """Vectors for a text, a list of texts, or token ids: [n, d] float32, or with pooling
+        "none" a list of [tokens, d], one per input. Normalised to unit length unless not
+        `normalize`; `dimensions` truncates where the model was trained for it (Matryoshka).
+        The texts run as prompts through the generation loop, several at once."""
+        embedder = self.embedder(pooling, normalize=normalize, dimensions=dimensions)
+        prompts = self.embed_ids(inputs)
+        limit = self._context(ctx_size)
+        for i, ids in enumerate(prompts):
+            if len(ids) > limit:
+                raise InfernoError(f"input {i} has {len(ids)} tokens, more than the context of {limit}: "
+                                   f"shorten it", params=("input",))
+        slots = self.new_slots(min(len(prompts), EMBED_SLOTS), max(map(len, prompts)) + 1)
+        loop = Scheduler(self, slots, chunk=UBATCH)
+        seqs = embedding.sequences(prompts, embedder, self.tokenizer, self.eos)
+        loop.add(seqs)
+        vectors: list = [None] * len(seqs)
+        while loop.busy:
+            for seq, event in loop.step():
+                if event.error:
+                    raise InfernoError(f"embedding failed: {event.error}")
+                vectors[event.index] = event.embedding
+        return vectors if embedder.pooling == "none" else np.stack(vectors)
 
     @property
     def tool_format(self) -> str:
@@ -465,6 +536,7 @@ class Engine:
 
 
 EMPTY_PROMPT = "the prompt is empty: give some text"
+EMBED_SLOTS = 4  # texts engine.embed runs side by side
 # Positions of the slot single generations share on a backend that decodes on the device: a
 # request that needs more grows it (and captures its step again) up to the context.
 SOLO_CAPACITY = 4096

@@ -81,17 +81,18 @@ class Slots:
     def free(self) -> int:
         return self.busy.count(False)
 
-    def take(self, prompt: list[int], need: int) -> tuple[int, int]:
+    def take(self, prompt: list[int], need: int, reuse: bool = True) -> tuple[int, int]:
         """A free slot for `prompt` (with room for `need` positions), holding as long a prefix of
         it as any slot can give: (slot, prompt tokens already in it). At least the prompt's
-        last token is left to feed: its logits start the reply."""
+        last token is left to feed: its logits start the reply. Without `reuse`, the least
+        recently used free slot, emptied."""
         free = [s for s in range(self.count) if not self.busy[s]]
-        shared = {s: min(common_prefix(self.tokens[s], prompt), len(prompt) - 1) for s in free}
+        shared = {s: min(common_prefix(self.tokens[s], prompt), len(prompt) - 1) if reuse else 0 for s in free}
         slot = max(free, key=lambda s: (shared[s], -self.used[s]))  # ties: the least recently used
         self.busy[slot], self.used[slot] = True, next(self._clock)
         self.truncate(slot, shared[slot])
         self.reserve(need)
-        return slot, self.borrow(slot, prompt)
+        return slot, self.borrow(slot, prompt) if reuse else 0
 
     def reserve(self, need: int) -> None:
         """Room for `need` positions in every slot (a growable cache grows; else ValueError)."""
@@ -278,14 +279,16 @@ class Scheduler:
                 ids = seq.next_ids(int(min(budget, len(seq.prompt) - seq.pos)))
                 budget -= ids.size
                 last = seq.pos + ids.size == len(seq.prompt)  # only the last chunk samples
-                batch.append((seq, Segment(ids, seq.slot, seq.pos, logits=last)))
+                embeds = seq.pooler is not None  # an embedding: every chunk's hidden rows, no logits
+                batch.append((seq, Segment(ids, seq.slot, seq.pos, logits=last and not embeds, hidden=embeds)))
         return batch
 
     # -- prefix reuse: every decision of the loop's is here (Slots keeps the rows) -----------
     def _admit(self, seq: Sequence) -> None:
         """A slot for a waiting sequence, holding as long a prefix of its prompt as any slot
         can give (Slots.take): those rows are not prefilled."""
-        seq.slot, seq.pos = self.slots.take(seq.prompt, len(seq.prompt) + seq.options.max_tokens)
+        seq.slot, seq.pos = self.slots.take(seq.prompt, len(seq.prompt) + seq.options.max_tokens,
+                                            reuse=seq.reuses_prefix)
         self._reused(seq, seq.pos)
         if seq.options.speculative:
             try:
@@ -298,7 +301,9 @@ class Scheduler:
         """Before a prefilling sequence's next chunk: rows another sequence wrote since it was
         admitted (a shared system prompt, prefilled by the client ahead of it) are copied, not
         recomputed; and while one `ahead` of it this step is still writing rows they share,
-        it waits for them (False)."""
+        it waits for them (False). An embedding that pools every row takes no rows."""
+        if not seq.reuses_prefix:
+            return True
         got = self.slots.borrow(seq.slot, seq.prompt)
         if got > seq.pos:
             self._reused(seq, got - seq.pos)
@@ -382,7 +387,9 @@ class Scheduler:
         sampling = []
         for seq, seg, row in self._forward(batch, events):
             self._wrote(seq, seg)
-            if not seq.prefilling:
+            if seq.pooler is not None:  # an embedding: its rows pooled, its vector once all are in
+                self._pool(seq, seg, row, events)
+            elif not seq.prefilling:
                 sampling.append((seq, seg, row))
         # (A sequence with a draft to check fills its own masks, row by row, in _verify.)
         masks = iter(self._masks([seq for seq, seg, _ in sampling if not seg.every_row], events))
@@ -431,6 +438,14 @@ class Scheduler:
             picks.append((seq, token, seq.logprob_from(logprobs, b, token) if logprobs else None))
         return picks
 
+    def _pool(self, seq: Sequence, seg: Segment, rows: np.ndarray, events: list) -> None:
+        try:
+            seq.pooler.add(rows, seg.start)
+            if not seq.prefilling:
+                events.append((seq, seq.embedded()))
+        except Exception as e:  # a Dense layer's shape, say: this sequence only
+            self._fail(seq, e, events)
+
     def _wrote(self, seq: Sequence, seg: Segment) -> None:
         self.slots.wrote(seq.slot, seg.start, seg.ids)
         seq.pos += seg.ids.size
@@ -449,12 +464,19 @@ class Scheduler:
             return [None] * len(seqs)
 
     def _forward(self, batch, events):
-        """(sequence, segment, logits row) for each item whose forward pass succeeded."""
+        """(sequence, segment, logits row) for each item whose forward pass succeeded: its
+        hidden rows for an embedding's segment."""
         model, cache = self.model, self.slots.cache
+        to_numpy = model.ops.to_numpy
         try:
-            out = model.step([seg for _, seg in batch], cache)
-            rows, at, done = model.ops.to_numpy(out) if out is not None else None, 0, []
+            out = model.run([seg for _, seg in batch], cache)
+            rows, at, done = to_numpy(out.logits) if out.logits is not None else None, 0, []
+            hidden, h = to_numpy(out.hidden) if out.hidden is not None else None, 0
             for seq, seg in batch:  # a segment's last row, or every row of one that asks
+                if seg.hidden:
+                    done.append((seq, seg, hidden[h:h + seg.ids.size]))
+                    h += seg.ids.size
+                    continue
                 n = (seg.ids.size if seg.every_row else 1) if seg.logits else 0
                 done.append((seq, seg, (rows[at:at + n] if seg.every_row else rows[at]) if n else None))
                 at += n
@@ -467,8 +489,11 @@ class Scheduler:
         done = []
         for seq, seg in batch:
             try:
-                out = model.step([seg], cache)
-                rows = model.ops.to_numpy(out) if seg.logits else None
+                out = model.run([seg], cache)
+                if seg.hidden:
+                    done.append((seq, seg, to_numpy(out.hidden)))
+                    continue
+                rows = to_numpy(out.logits) if seg.logits else None
                 done.append((seq, seg, None if rows is None else rows if seg.every_row else rows[0]))
             except Exception as e:
                 self._fail(seq, e, events)

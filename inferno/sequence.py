@@ -87,6 +87,7 @@ class Event:
     cached_tokens: int = 0  # on the final event: prompt tokens whose K/V came from the cache
     drafted_tokens: int = 0  # on the final event: speculative tokens drafted, and confirmed
     accepted_tokens: int = 0
+    embedding: np.ndarray | None = None  # an embedding's final event: its vector(s) (embedding.py)
 
 
 class Sampler:
@@ -229,6 +230,20 @@ class Sequence:
         self.last_token_time: float | None = None
         # (device runner, tokens its sampling state covers) once it has decoded there
         self.device: tuple[object, int] | None = None
+        self.pooler = None  # an embedding's (embedding.Pooler): its prompt's rows, nothing sampled
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Whether a slot's cached prefix may stand in for prompt rows: not for an embedding
+        that pools rows the cache does not keep (every one, or the first)."""
+        return self.pooler is None or self.pooler.pooling == "last"
+
+    def embedded(self) -> Event:
+        """An embedding's final event, once its whole prompt is in: the pooled vector."""
+        self.finish_reason = "stop"
+        event = self._event("", "stop")
+        event.embedding = self.pooler.result()
+        return event
 
     @property
     def matcher(self):

@@ -177,8 +177,8 @@ def test_a_cancelled_request_frees_its_slot(engine, monkeypatch):
     """Cancelled while its first step runs (held at a gate), and one still queued behind it:
     both end "cancelled" at the next step and the slot takes the next request."""
     import threading
-    gate, step = threading.Event(), engine.model.step
-    monkeypatch.setattr(engine.model, "step", lambda *a, **k: (gate.wait(10), step(*a, **k))[1])
+    gate, step = threading.Event(), engine.model.run
+    monkeypatch.setattr(engine.model, "run", lambda *a, **k: (gate.wait(10), step(*a, **k))[1])
     ids = engine.encode_prompt("hi")
     no_eos = tuple((t, -100.0) for t in engine.tokenizer.eos_ids)
     opts = Options(max_tokens=200, sampling=GREEDY, logit_bias=no_eos)
@@ -199,7 +199,7 @@ def test_a_failing_sequence_fails_alone(engine, monkeypatch):
     a time and only that one ends, with an error; the others finish as if it never came."""
     ids = engine.encode_prompt("hi")
     poison = ids + [7, 7, 7]
-    step = engine.model.step
+    step = engine.model.run
 
     def faulty(segments, cache, **kw):
         if any(len(s.ids) > 2 and (s.ids[-3:] == 7).all() for s in segments):
@@ -207,7 +207,7 @@ def test_a_failing_sequence_fails_alone(engine, monkeypatch):
         return step(segments, cache, **kw)
 
     want = run(engine, ids, Options(max_tokens=8, sampling=GREEDY))
-    monkeypatch.setattr(engine.model, "step", faulty)
+    monkeypatch.setattr(engine.model, "run", faulty)
     with BatchEngine(engine, parallel=3, ctx_size=64) as batch:
         a, bad, b = (batch.submit(p, Options(max_tokens=8, sampling=GREEDY)) for p in (ids, poison, ids))
         results = [list(a), list(bad), list(b)]

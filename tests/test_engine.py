@@ -201,8 +201,8 @@ def test_a_long_prompt_is_prefilled_in_passes(engine, monkeypatch):
         model.forward(more, parts, last_only=True)
     assert parts.length == 39  # refused before the pass wrote
     steps = []
-    step = model.step
-    monkeypatch.setattr(model, "step", lambda segments, *a, **kw: steps.append(
+    step = model.run
+    monkeypatch.setattr(model, "run", lambda segments, *a, **kw: steps.append(
         [(s.ids.size, s.start, s.logits) for s in segments]) or step(segments, *a, **kw))
     one = engine.generate(None, prompt_ids=list(map(int, ids)), max_tokens=4, temperature=0)
     steps.clear()

@@ -131,8 +131,8 @@ def test_a_prefix_copied_from_another_slot_equals_computing_it(model, request, m
         alone = _ask(batch, b)
     shared = common_prefix(a, b)
     assert shared > 30
-    step = engine.model.step
-    monkeypatch.setattr(engine.model, "step", lambda *a, **k: (time.sleep(0.003), step(*a, **k))[1])
+    step = engine.model.run
+    monkeypatch.setattr(engine.model, "run", lambda *a, **k: (time.sleep(0.003), step(*a, **k))[1])
     no_eos = tuple((t, -100.0) for t in engine.eos)  # A keeps decoding: its slot stays busy
     with BatchEngine(engine, parallel=2, ctx_size=400, chunk=32) as batch:
         first = batch.submit(a, Options(max_tokens=100, sampling=GREEDY, logit_bias=no_eos))
@@ -174,18 +174,18 @@ def test_failed_and_cancelled_steps_leave_no_stale_rows(qwen3_dir, monkeypatch):
     with BatchEngine(engine, parallel=1, ctx_size=256, chunk=16) as batch:
         want = _ask(batch, ids)
         batch.slots.clear()
-        step, calls = engine.model.step, []
+        step, calls = engine.model.run, []
 
         def faulty(segments, cache, **kw):  # the third prompt chunk fails
             calls.append(segments[0].start)
             if len(calls) == 3:
                 raise RuntimeError("injected")
             return step(segments, cache, **kw)
-        monkeypatch.setattr(engine.model, "step", faulty)
+        monkeypatch.setattr(engine.model, "run", faulty)
         events = list(batch.submit(ids, Options(max_tokens=8, sampling=GREEDY)))
         assert events[-1].finish_reason == "error"
         assert batch.slots.tokens[0] == ids[:32]  # the two chunks that were written, no more
-        monkeypatch.setattr(engine.model, "step", step)
+        monkeypatch.setattr(engine.model, "run", step)
         again = _ask(batch, ids)
         assert again[2] == 32 and again[0] == want[0]
         np.testing.assert_allclose(again[1], want[1], atol=1e-5)

@@ -90,8 +90,8 @@ def slower_steps(engine, monkeypatch):
 
 
 def delay_steps(engine, monkeypatch, seconds: float) -> None:
-    step = engine.model.step
-    monkeypatch.setattr(engine.model, "step", lambda *a, **k: (time.sleep(seconds), step(*a, **k))[1])
+    step = engine.model.run
+    monkeypatch.setattr(engine.model, "run", lambda *a, **k: (time.sleep(seconds), step(*a, **k))[1])
 
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a city."}]
@@ -265,8 +265,8 @@ def test_client_disconnect_frees_the_slot(server, client, engine, slower_steps):
 def test_past_the_queue_limit_is_429_with_retry_after(server, engine, monkeypatch):
     url, state = server
     gate = threading.Event()
-    step = engine.model.step
-    monkeypatch.setattr(engine.model, "step", lambda *a, **k: (gate.wait(10), step(*a, **k))[1])
+    step = engine.model.run
+    monkeypatch.setattr(engine.model, "run", lambda *a, **k: (gate.wait(10), step(*a, **k))[1])
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
     results = []
     threads = [threading.Thread(target=lambda: results.append(httpx.post(url + "/v1/chat/completions", json=body,
@@ -287,14 +287,14 @@ def test_past_the_queue_limit_is_429_with_retry_after(server, engine, monkeypatc
 
 
 def test_an_exception_fails_that_request_only(server, client, engine, monkeypatch):
-    step = engine.model.step
+    step = engine.model.run
     poison = 7
 
     def faulty(segments, cache, **kw):
         if any(poison in s.ids for s in segments):
             raise RuntimeError("injected fault")
         return step(segments, cache, **kw)
-    monkeypatch.setattr(engine.model, "step", faulty)
+    monkeypatch.setattr(engine.model, "run", faulty)
     good = [int(t) for t in engine.tokenizer.encode("Hello there") if t != poison]
     want = client.completions.create(model=MODEL, prompt=good, max_tokens=8, temperature=0,
                                      logit_bias={str(poison): -100}).choices[0].text
@@ -357,8 +357,8 @@ def test_api_key_and_health_before_load(qwen3_dir):
 SLOW_SERVE = """
 import sys, time
 from inferno.model.decoder import DecoderModel
-step = DecoderModel.step
-DecoderModel.step = lambda *a, **k: (time.sleep(0.01), step(*a, **k))[1]  # streams that last
+step = DecoderModel.run
+DecoderModel.run = lambda *a, **k: (time.sleep(0.01), step(*a, **k))[1]  # streams that last
 from inferno.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -99,9 +99,9 @@ def mixed_types(name: str, w: np.ndarray, index: int):
 
 
 def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch: str | None = None,
-               pre: str = "gpt-2") -> Path:
+               pre: str = "gpt-2", pooling: int | None = None) -> Path:
     """`types(gguf_name, array, index)` picks each tensor's GGML type. `arch` overrides the
-    architecture written (for error tests)."""
+    architecture written (for error tests); `pooling` is llama.cpp's pooling_type to write."""
     from safetensors.numpy import load_file
 
     folder = Path(folder)
@@ -132,6 +132,8 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
         if cfg.get("moe_intermediate_size"):
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if pooling is not None:
+        w.add_pooling_type(gguf.PoolingType(pooling))
     _add_tokenizer(w, folder, cfg["vocab_size"], pre)
 
     names = gguf.get_tensor_name_map(ARCHS[hf_arch], n_layers)

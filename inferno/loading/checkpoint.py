@@ -11,6 +11,7 @@ import numpy as np
 from inferno.formats.quant import QuantTensor
 from inferno.model.config import ModelConfig
 from inferno.formats.gguf_file import file_type_name
+from inferno.loading.pooling import EmbeddingSpec
 from inferno.tokenizers.tokenizer import Tokenizer
 
 
@@ -25,6 +26,7 @@ class Checkpoint:
     # Sampling defaults the model carries, as (where from, {field: value}) layers, later ones
     # winning: generation_config.json, a GGUF's general.sampling.*, an alias's.
     sampling: list = field(default_factory=list)
+    embedding: EmbeddingSpec = field(default_factory=EmbeddingSpec)  # pooling, from the files
 
     def weight_type(self) -> str:
         """The weights' type as llama-bench names it: a GGUF's file type (Q4_K_M: a mix of

@@ -29,6 +29,7 @@ from inferno.model.config import Experts, ModelConfig, RopeScaling
 from inferno.formats.gguf_file import GGUFFile, TensorInfo, read_gguf
 from inferno.tokenizers.gguf_tokenizer import tokenizer_from_gguf
 from inferno.loading.checkpoint import Checkpoint
+from inferno.loading.pooling import EmbeddingSpec, spec_from_gguf
 from inferno.sampling import gguf_sampling
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
@@ -124,7 +125,15 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
     _notice_dequantised(path, slow)
     return Checkpoint(config, tensors, tokenizer, source=str(path), file_format="gguf",
                       sampling=[("the GGUF's general.sampling", gguf_sampling(meta))],
+                      embedding=_embedding_spec(meta, arch, path.name),
                       metadata={k: v for k, v in meta.items() if not k.startswith("tokenizer.ggml.")})
+
+
+def _embedding_spec(meta: dict, arch: str, name: str) -> EmbeddingSpec:
+    try:
+        return spec_from_gguf(meta, arch)
+    except InfernoError as e:
+        raise InfernoError(f"{name}: {e}") from None
 
 
 def tensor(gf: GGUFFile, info: TensorInfo) -> QuantTensor | np.ndarray:

@@ -19,6 +19,7 @@ from inferno.loading.checkpoint import Checkpoint, progress_bar
 from inferno.formats.quant import QuantTensor
 from inferno.model.config import ModelConfig
 from inferno.loading.gguf import load_gguf
+from inferno.loading.pooling import spec_from_folder
 from inferno.formats.gguf_file import MAGIC
 from inferno.loading.resolve import resolve
 from inferno.formats.safetensors import load_folder_tensors
@@ -40,6 +41,8 @@ def load_hf_folder(folder: Path, progress: bool = False) -> Checkpoint:
     tensors = load_folder_tensors(folder, progress_bar(progress))
     if "text_config" in raw:  # a multimodal folder: its text model is what inferno runs
         tensors = text_model_tensors(tensors)
+    elif "embed_tokens.weight" in tensors:  # a base model's (Qwen3Model, as sentence-transformers saves it)
+        tensors = {("model." + n if not n.startswith("lm_head.") else n): t for n, t in tensors.items()}
     config = ModelConfig.from_hf(raw, extra_eos=generation.get("eos_token_id"),
                                  has_lm_head="lm_head.weight" in tensors)
     if config.experts is not None:
@@ -51,7 +54,8 @@ def load_hf_folder(folder: Path, progress: bool = False) -> Checkpoint:
                    for n, t in tensors.items()}
     tokenizer = Tokenizer.from_folder(folder, eos_ids=config.eos_token_ids)
     sampling = [("generation_config.json", generation_config_sampling(generation))]
-    return Checkpoint(config, tensors, tokenizer, source=str(folder), sampling=sampling)
+    return Checkpoint(config, tensors, tokenizer, source=str(folder), sampling=sampling,
+                      embedding=spec_from_folder(folder, raw))
 
 
 # Where multimodal checkpoints keep the text model (transformers 5's and 4's spellings, Gemma 3's

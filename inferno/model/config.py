@@ -24,6 +24,10 @@ ARCHITECTURES = {
     # Mixtures of experts: the same attention, an expert MLP (config.Experts) in sparse layers.
     "Qwen3MoeForCausalLM": "qwen3",
     "MixtralForCausalLM": "llama",
+    # The same models without their head, as sentence-transformers saves an embedding model
+    # (Qwen3-Embedding): its weights lack the "model." prefix and lm_head (the head is tied).
+    "Qwen3Model": "qwen3", "LlamaModel": "llama", "Qwen2Model": "qwen2", "Gemma3TextModel": "gemma3",
+    "Qwen3MoeModel": "qwen3", "MixtralModel": "llama",
 }
 MODEL_TYPES = {"qwen3": "qwen3", "llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3",
                "gemma3": "gemma3", "qwen3_moe": "qwen3", "mixtral": "llama"}
@@ -252,8 +256,9 @@ class ModelConfig:
                 max_position_embeddings=int(cfg["max_position_embeddings"]),
                 # Absent from config.json: LlamaConfig and Qwen3Config default to untied, and
                 # the weights settle it (no lm_head.weight means the embedding is the head).
-                tie_word_embeddings=bool(top.get("tie_word_embeddings",
-                                                 cfg.get("tie_word_embeddings", has_lm_head is False))),
+                # A base model without a head (embeddings) reads the embedding as its head.
+                tie_word_embeddings=_headless(top, has_lm_head) or bool(top.get(
+                    "tie_word_embeddings", cfg.get("tie_word_embeddings", has_lm_head is False))),
                 rope_scaling=_rope_scaling(cfg.get("rope_scaling") or global_rope),
                 bos_token_id=cfg.get("bos_token_id", top.get("bos_token_id")),
                 eos_token_ids=_unique(_ids(top.get("eos_token_id")) + _ids(cfg.get("eos_token_id"))
@@ -306,6 +311,11 @@ def _experts(cfg: dict, layers: int) -> Experts | None:
     return Experts(int(count), int(cfg["num_experts_per_tok"]), int(cfg["moe_intermediate_size"]),
                    bool(cfg.get("norm_topk_prob", False)),
                    tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0))
+
+
+def _headless(cfg: dict, has_lm_head: bool | None) -> bool:
+    return has_lm_head is False and any(not n.endswith(("ForCausalLM", "ForConditionalGeneration"))
+                                        for n in cfg.get("architectures") or ())
 
 
 def _float_or_none(x) -> float | None:

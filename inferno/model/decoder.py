@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,13 +53,25 @@ class Segment:
     """Tokens of one sequence in a step: `ids` continue cache slot `slot` from position `start`
     (the slot already holds positions 0..start-1). `logits` False skips the vocabulary
     projection for it: a prompt chunk that is not the prompt's last needs none; `every_row`
-    asks for every row's (a speculative step checks a drafted token at each)."""
+    asks for every row's (a speculative step checks a drafted token at each). `hidden` asks for
+    every row's hidden state after the final norm instead, the head skipped: what an embedding
+    pools (`DecoderModel.run`)."""
 
     ids: np.ndarray  # [n] int64
     slot: int = 0
     start: int = 0
     logits: bool = True
     every_row: bool = False
+    hidden: bool = False
+
+
+class StepOutput(NamedTuple):
+    """A step's results: the logits rows its segments asked for, [n, vocab] in the order given
+    (None when none did), and the hidden rows of its `hidden` segments, [rows, hidden] segment
+    by segment (None when none did)."""
+
+    logits: object
+    hidden: object
 
 
 def heavy_tailed_inputs(t):
@@ -221,6 +234,10 @@ class DecoderModel:
         every row's of a segment with `every_row` (of all of them with `all_logits`), segment by
         segment. Each segment's K/V are written into its
         cache slot and the slot's length set to its end."""
+        return self.run(segments, cache, all_logits).logits
+
+    def run(self, segments: list[Segment], cache: KVCache | None, all_logits: bool = False) -> StepOutput:
+        """`step`, with the hidden rows of the segments that ask for them (Segment.hidden)."""
         ops, cfg = self.ops, self.cfg
         if not segments:
             raise InfernoError("a step needs at least one segment")
@@ -239,20 +256,30 @@ class DecoderModel:
         if cache is not None:
             for s in segments:
                 cache.lengths[s.slot] = s.start + s.ids.size
+        processed = np.argsort(batch.order)  # caller's j -> processed k
+        hidden = None
+        seg_of = processed[[s.hidden for s in segments]]
+        if seg_of.size:  # every row of each, normed as the head's inputs are (row by row)
+            rows = np.concatenate([np.arange(batch.row0[k], batch.row0[k + 1]) for k in seg_of])
+            hidden = ops.rms_norm(self._rows(x, rows, batch.ids.size), self.norm, cfg.rms_norm_eps)
         # Rows whose logits are wanted, in the caller's segment order.
-        seg_of = np.argsort(batch.order)[[s.logits for s in segments]]  # caller's j -> processed k
+        seg_of = processed[[s.logits and not s.hidden for s in segments]]
         if seg_of.size == 0:
-            return None
+            return StepOutput(None, hidden)
         every = [all_logits or batch.segments[k].every_row for k in seg_of]
         if any(every):
             rows = np.concatenate([np.arange(batch.row0[k] if e else batch.row0[k + 1] - 1, batch.row0[k + 1])
                                    for k, e in zip(seg_of, every)])
         else:
             rows = batch.row0[seg_of + 1] - 1  # each segment's last row
-        if len(rows) != batch.ids.size or np.any(rows != np.arange(len(rows))):
-            x = ops.take_rows(x, rows)  # [len(rows), hidden]
-        x = ops.rms_norm(x, self.norm, cfg.rms_norm_eps)
-        return ops.linear(x, self.lm_head)  # [len(rows), vocab]
+        x = ops.rms_norm(self._rows(x, rows, batch.ids.size), self.norm, cfg.rms_norm_eps)
+        return StepOutput(ops.linear(x, self.lm_head), hidden)  # [len(rows), vocab]
+
+    def _rows(self, x, rows, n: int):
+        """x's `rows` ([len(rows), hidden]), x itself where they are all its n rows in order."""
+        if len(rows) != n or np.any(rows != np.arange(len(rows))):
+            return self.ops.take_rows(x, rows)
+        return x
 
     def decode(self, ids, positions, slots, kv_lens, cache: KVCache):
         """The decode step with no host value in it: one new token for each sequence of a

@@ -33,8 +33,8 @@ from starlette.exceptions import HTTPException
 from inferno.backends import DEFAULT_BACKEND
 from inferno.errors import InfernoError
 from inferno.serve.metrics import Metrics
-from inferno.serve.protocol import (APIError, ChatRequest, CompletionRequest, NamedChoice, Response, TokenText,
-                                    usage)
+from inferno.serve.protocol import (APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedChoice,
+                                    Response, TokenText, embeddings_body, usage)
 from inferno.tools import functions, tool_choice_grammar
 from inferno.serve.batch import BatchEngine, Closed, Handle, QueueFull
 
@@ -63,6 +63,8 @@ class ServerConfig:
     speculative: int = 0  # --draft-max under --spec-type: every request's drafts, unless it says
     spec_type: str = "ngram"  # --spec-type's drafter (draft.py)
     model_draft: str | None = None  # --model-draft: a draft model, loaded with the target
+    embeddings: bool = False  # --embeddings: serve /v1/embeddings with a model that is not made for it
+    pooling: str | None = None  # --pooling: over what the model's files say (embedding.POOLINGS)
 
     @property
     def served_name(self) -> str:
@@ -234,6 +236,37 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         return await respond(request, req, Response("text", req.model, state.tokens),
                              submit(batch, ids, options, req.n, "max_tokens"))
 
+    @api.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        batch, req = await state.accept(request, EmbeddingRequest)
+        engine = batch.engine
+        if not (config.embeddings or engine.embedding.is_embedding_model):
+            raise APIError(400, f"this server does not serve embeddings: {config.served_name} is not an "
+                           f"embedding model. Start it with `inferno serve --embeddings` to embed with it "
+                           f"anyway (last-token pooling), or serve an embedding model", param="input",
+                           code="embeddings_disabled")
+        try:
+            embedder = engine.embedder(config.pooling, normalize=req.normalize, dimensions=req.dimensions)
+            if embedder.pooling == "none":
+                raise APIError(400, "pooling none gives a vector per token, which the OpenAI API has no "
+                               "shape for: start the server with --pooling last, mean or cls", param="input")
+            prompts = engine.embed_ids(req.input)
+        except InfernoError as e:
+            raise APIError(400, str(e), param=e.params[0] if e.params else "input") from None
+        handle = enqueue(batch.embed, prompts, embedder, loop=asyncio.get_running_loop())
+        request.state.handle = handle
+        watcher = asyncio.create_task(cancel_on_disconnect(request, handle))
+        try:
+            events = [ev async for ev in handle]
+        finally:
+            watcher.cancel()
+            handle.cancel()
+        errors = [ev.error for ev in events if ev.error]
+        if errors:
+            raise APIError(500, f"embedding failed: {errors[0]}", kind="server_error")
+        vectors = [ev.embedding for ev in sorted(events, key=lambda ev: ev.index)]
+        return JSONResponse(embeddings_body(req.model, vectors, handle.prompt_tokens, req.encoding_format))
+
     app.include_router(api)
     return app
 
@@ -263,9 +296,14 @@ def authorize(api_key: str | None):
 
 
 def submit(batch: BatchEngine, ids, options, n: int, max_field: str) -> Handle:
-    loop = asyncio.get_running_loop()
+    return enqueue(batch.submit, ids, options, n=n, loop=asyncio.get_running_loop(), max_field=max_field)
+
+
+def enqueue(call, *args, max_field: str | None = None, **kwargs) -> Handle:
+    """A request queued on the batch (`call`: its submit or embed), or the APIError that
+    answers it: 429 when the queue is full, 503 while closing, 400 for its own values."""
     try:
-        return batch.submit(ids, options, n=n, loop=loop)
+        return call(*args, **kwargs)
     except QueueFull as e:
         raise APIError(429, str(e), kind="rate_limit_exceeded", code="rate_limit_exceeded",
                        headers={"Retry-After": "1"}) from None

@@ -34,6 +34,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from inferno import embedding
+from inferno.embedding import Embedder
 from inferno.engine import EMPTY_PROMPT, Engine, check_ctx_size
 from inferno.errors import InfernoError
 from inferno.scheduler import Scheduler
@@ -202,6 +204,30 @@ class BatchEngine:
                                 f"are queued (limit {self.queue_limit}): retry later")
             self._submitted += count
         self._inbox.put(("add", seqs))
+        return handle
+
+    def embed(self, prompts: list[list[int]], embedder: Embedder, *,
+              loop: asyncio.AbstractEventLoop | None = None) -> Handle:
+        """Queue texts to embed (engine.embed_ids's token ids): they run as prompts beside the
+        generations, and each one's final event holds its vector (Event.embedding). The
+        texts of one request may outnumber the slots: they wait their turn, unless the queue
+        is already over its limit."""
+        for i, ids in enumerate(prompts):
+            if len(ids) > self.ctx_size:
+                raise InfernoError(f"input {i} has {len(ids)} tokens, more than the context of "
+                                   f"{self.ctx_size} tokens per slot: shorten it", params=("input",))
+        handle = Handle(self, len(prompts), loop)
+        handle.prompt_tokens = sum(map(len, prompts))
+        handle.sequences = embedding.sequences(prompts, embedder, self.engine.tokenizer, self.engine.eos,
+                                               owner=handle, arrival=time.perf_counter())
+        with self._lock:
+            if self._closed:
+                raise Closed("the server is shutting down")
+            if self._pending > self.queue_limit:
+                raise QueueFull(f"all {self.parallel} slots are busy and {self._pending} sequences "
+                                f"are queued (limit {self.queue_limit}): retry later")
+            self._submitted += len(prompts)
+        self._inbox.put(("add", handle.sequences))
         return handle
 
     def generate(self, prompts: Iterable[str | list[dict]], options: Options = Options(), *,

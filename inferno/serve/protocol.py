@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from inferno.constrain import Unfence, unfence
 from inferno.draft import DRAFT_DEFAULT, SPEC_TYPES
+from inferno.embedding import encode_base64
 from inferno.sampling import SamplingDefaults
 from inferno.sequence import Event, Options, TokenLogprob
 from inferno.tools import StreamParser
@@ -245,6 +246,32 @@ class CompletionRequest(Request):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
     logprobs: int | None = Field(None, ge=0, le=5)
+
+
+class EmbeddingRequest(BaseModel):
+    """OpenAI's embeddings request. `normalize` is an extension (vLLM's spelling): false gives
+    the pooled vectors as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+    normalize: bool = True
+
+    def check_supported(self) -> None:
+        """Every field it takes is implemented."""
+
+
+def embeddings_body(model: str, vectors: list, prompt_tokens: int, encoding_format: str) -> dict:
+    """OpenAI's embeddings response: each input's vector, as floats or base64 float32 bytes."""
+    data = [{"object": "embedding", "index": i,
+             "embedding": encode_base64(v) if encoding_format == "base64" else v.tolist()}
+            for i, v in enumerate(vectors)]
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 
 
 # -- responses ------------------------------------------------------------------------------------
