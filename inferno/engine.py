@@ -477,7 +477,10 @@ class Engine:
 
     def check_ids(self, token_ids) -> np.ndarray:
         """Token ids as int64 [n], each checked against the vocabulary."""
-        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        try:
+            ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        except (OverflowError, ValueError, TypeError):
+            raise InfernoError(f"token ids must be integers in [0, {self.config.vocab_size})") from None
         if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
             raise InfernoError(f"token id out of range for a vocabulary of {self.config.vocab_size}")
         return ids

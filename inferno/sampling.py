@@ -13,6 +13,9 @@ import numpy as np
 from inferno.errors import InfernoError
 
 
+TINY = 1e-30  # the least temperature or repeat penalty (and 1 / TINY the most penalty) taken
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     # llama.cpp's defaults; temperature 0 (greedy) with the rest at their "off" values is exact
@@ -29,10 +32,14 @@ class SamplingParams:
             object.__setattr__(self, "seed", None)
         checks = [
             ("temperature", self.temperature >= 0, "must be >= 0 (0 is greedy)"),
+            # Below TINY the logits divided by it overflow float64 (a fuzzer's 5e-324 did).
+            ("temperature", self.temperature == 0 or self.temperature >= TINY,
+             f"must be 0 (greedy) or at least {TINY:g}"),
             ("top_k", self.top_k >= 0, "must be >= 0 (0 turns it off)"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
             ("min_p", 0 <= self.min_p < 1, "must be in [0, 1)"),
             ("repeat_penalty", self.repeat_penalty > 0, "must be > 0 (1 turns it off)"),
+            ("repeat_penalty", TINY <= self.repeat_penalty <= 1 / TINY, f"must be in [{TINY:g}, {1 / TINY:g}]"),
         ]
         for name, ok, rule in checks:
             if not ok:  # NaN fails every comparison, so it lands here too

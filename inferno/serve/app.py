@@ -32,7 +32,10 @@ from starlette.exceptions import HTTPException
 
 from inferno.backends import DEFAULT_BACKEND
 from inferno.errors import InfernoError
+from inferno.serve import openapi
 from inferno.serve.metrics import Metrics
+from inferno.serve.openapi import (ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, EmbeddingList,
+                                   Health, ModelCard, ModelList, errors, get, post)
 from inferno.serve.protocol import (APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedChoice,
                                     Response, TokenText, embeddings_body, usage)
 from inferno.tools import functions, tool_choice_grammar
@@ -163,14 +166,17 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
     for exc, handler in HANDLERS.items():
         app.add_exception_handler(exc, handler)
 
-    @app.get("/health")
+    app.openapi = lambda: openapi.document(app, sorted(state.names))
+
+    @app.get("/health", **get(Health, 503))
     async def health():
         state.ready()
         return {"status": "ok"}
 
     api = APIRouter(dependencies=[Depends(authorize(config.api_key))])
 
-    @api.get("/metrics")
+    @api.get("/metrics", responses={200: {"description": "Prometheus text", "content": {"text/plain": {}}},
+                                    **errors(401)})
     async def metrics():
         gauges = {}
         if state.batch is not None:
@@ -184,12 +190,12 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
     def model_card() -> dict:
         return {"id": config.served_name, "object": "model", "created": int(time.time()), "owned_by": "inferno"}
 
-    @api.get("/v1/models")
+    @api.get("/v1/models", **get(ModelList, 401, 503))
     async def models():
         state.ready()
         return {"object": "list", "data": [model_card()]}
 
-    @api.get("/v1/models/{model:path}")
+    @api.get("/v1/models/{model:path}", **get(ModelCard, 401, 404, 503))
     async def model(model: str):
         state.ready()
         if model not in state.names:
@@ -197,7 +203,7 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
                            param="model", code="model_not_found")
         return model_card()
 
-    @api.post("/v1/chat/completions")
+    @api.post("/v1/chat/completions", **post(ChatRequest, ChatCompletion, ChatCompletionChunk))
     async def chat(request: Request):
         batch, req = await state.accept(request, ChatRequest)
         engine = batch.engine
@@ -223,7 +229,7 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
                                       fenced=grammar is not None and grammar.fenced),
                              submit(batch, ids, options, req.n, "max_completion_tokens"))
 
-    @api.post("/v1/completions")
+    @api.post("/v1/completions", **post(CompletionRequest, Completion, CompletionChunk))
     async def completions(request: Request):
         batch, req = await state.accept(request, CompletionRequest)
         tok = batch.engine.tokenizer
@@ -236,7 +242,7 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         return await respond(request, req, Response("text", req.model, state.tokens),
                              submit(batch, ids, options, req.n, "max_tokens"))
 
-    @api.post("/v1/embeddings")
+    @api.post("/v1/embeddings", **post(EmbeddingRequest, EmbeddingList))
     async def embeddings(request: Request):
         batch, req = await state.accept(request, EmbeddingRequest)
         engine = batch.engine
@@ -369,8 +375,10 @@ async def stream(resp: Response, handle: Handle, include_usage: bool):
 
 
 def _union_tag(part) -> bool:
-    """pydantic names a union's branch in an error's location: `str`, `list[TextPart]`."""
-    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
+    """pydantic names a union's branch in an error's location: `str`, `list[TextPart]`,
+    `constrained-str` (a str with a rule, Field(min_length=1))."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part
+                                      or part.startswith("constrained-"))
 
 
 # -- errors in OpenAI's shape -----------------------------------------------------------------
@@ -394,8 +402,8 @@ async def parse(request: Request, model: type[BaseModel]):
         raise APIError(400, message, param=where or None) from None
 
 
-ROUTES = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id}, GET /metrics, "
-          "GET /health")
+ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, "
+          "GET /v1/models/{id}, GET /metrics, GET /health")
 
 
 def _http_error(request: Request, e: HTTPException) -> JSONResponse:

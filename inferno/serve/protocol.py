@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferno.constrain import Unfence, unfence
 from inferno.draft import DRAFT_DEFAULT, SPEC_TYPES
 from inferno.embedding import encode_base64
+from inferno.errors import InfernoError
 from inferno.sampling import SamplingDefaults
 from inferno.sequence import Event, Options, TokenLogprob
 from inferno.tools import StreamParser
@@ -45,11 +46,25 @@ UNSUPPORTED = {
 }
 
 
-class StreamOptions(BaseModel):
+class Body(BaseModel):
+    """A request's part: strict (a JSON string is not a number, nor true an integer: OpenAI
+    refuses them too), so what the OpenAPI document says a field takes is what it takes."""
+
+    model_config = ConfigDict(strict=True)
+
+
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+Text = Annotated[str, Field(min_length=1)]
+# A prompt or input: text, texts, token ids, or lists of token ids; none of them empty.
+Prompts = Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)] \
+    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+
+
+class StreamOptions(Body):
     include_usage: bool = False
 
 
-class Request(BaseModel):
+class Request(Body):
     model_config = ConfigDict(extra="allow")
 
     model: str
@@ -104,8 +119,12 @@ class Request(BaseModel):
             if not key.lstrip("-").isdigit() or not -100 <= value <= 100:
                 raise APIError(400, "logit_bias maps token ids to values in [-100, 100]", param="logit_bias")
             bias.append((int(key), float(value)))
-        sampling = defaults.params(seed=self.seed, temperature=self.temperature, top_k=self.top_k,
-                                   top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repetition_penalty)
+        try:
+            sampling = defaults.params(seed=self.seed, temperature=self.temperature, top_k=self.top_k,
+                                       top_p=self.top_p, min_p=self.min_p, repeat_penalty=self.repetition_penalty)
+        except InfernoError as e:  # a value in range for its field that no sampler takes
+            param = {"repeat_penalty": "repetition_penalty"}.get(e.params[0], e.params[0]) if e.params else None
+            raise APIError(400, str(e).replace("repeat_penalty", "repetition_penalty"), param=param) from None
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if self.speculative is not None:
             speculative = self.speculative
@@ -124,23 +143,23 @@ class Request(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class TextPart(BaseModel):
+class TextPart(Body):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(Body):
     name: str
     arguments: str | dict = "{}"  # JSON text, as OpenAI sends it
 
 
-class ToolCallItem(BaseModel):
+class ToolCallItem(Body):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class Message(BaseModel):
+class Message(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     tool_calls: list[ToolCallItem] | None = None  # an assistant's earlier calls
@@ -161,31 +180,31 @@ class Message(BaseModel):
         return out
 
 
-class FunctionTool(BaseModel):
+class FunctionTool(Body):
     model_config = ConfigDict(extra="allow")
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict | None = None
 
 
-class Tool(BaseModel):
+class Tool(Body):
     type: Literal["function"] = "function"
     function: FunctionTool
 
 
-class NamedChoice(BaseModel):
+class NamedChoice(Body):
     type: Literal["function"] = "function"
     function: dict
 
 
-class JSONSchemaFormat(BaseModel):
+class JSONSchemaFormat(Body):
     name: str | None = None
     schema_: dict | None = Field(None, alias="schema")
     strict: bool | None = None
     description: str | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
@@ -243,19 +262,19 @@ class ChatRequest(Request):
 
 
 class CompletionRequest(Request):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Prompts
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
     logprobs: int | None = Field(None, ge=0, le=5)
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(Body):
     """OpenAI's embeddings request. `normalize` is an extension (vLLM's spelling): false gives
     the pooled vectors as they are."""
 
     model_config = ConfigDict(extra="allow")
 
     model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    input: Prompts
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
