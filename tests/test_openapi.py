@@ -19,7 +19,8 @@ from test_serve import running, wait_healthy
 MODEL = "tiny"
 POSTS = {"/v1/chat/completions": ("ChatRequest", "ChatCompletion"),
          "/v1/completions": ("CompletionRequest", "Completion"),
-         "/v1/embeddings": ("EmbeddingRequest", "EmbeddingList")}
+         "/v1/embeddings": ("EmbeddingRequest", "EmbeddingList"),
+         "/v1/responses": ("ResponsesRequest", "ResponseObject")}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,8 @@ BODIES = [
     ("/v1/embeddings", {"input": ["Hi", "there"]}, 200),
     ("/v1/embeddings", {"input": [[1, 2, 3], [4, 5]]}, 200),
     ("/v1/embeddings", {"input": "Hi", "encoding_format": "base64"}, 200),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 4}, 200),
+    ("/v1/responses", {"input": "Hi", "previous_response_id": "resp_x"}, 404),
     ("/v1/chat/completions", {"messages": []}, 400),
     ("/v1/completions", {"prompt": "Hi", "temperature": "hot"}, 400),  # strict: a string is no number
     ("/v1/embeddings", {"input": [[True]]}, 400),  # nor true a token id

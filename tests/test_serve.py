@@ -226,8 +226,8 @@ def test_other_http_errors(server):
     assert chunked.status_code == 413 and chunked.json()["error"]["message"]
     r = httpx.post(url + "/v1/completions", content=b'{"model": "tiny", "prompt": "hi", "echo": true}')
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
-    r = httpx.post(url + "/v1/responses", json={"model": MODEL, "input": "hi"})
-    assert r.status_code == 404 and "Invalid URL (POST /v1/responses)" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/assistants", json={"model": MODEL})
+    assert r.status_code == 404 and "Invalid URL (POST /v1/assistants)" in r.json()["error"]["message"]
     assert "POST /v1/chat/completions" in r.json()["error"]["message"]
     r = httpx.get(url + "/v1/chat/completions")
     assert r.status_code == 405 and "Invalid URL (GET /v1/chat/completions)" in r.json()["error"]["message"]

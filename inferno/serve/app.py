@@ -1,4 +1,5 @@
-"""The HTTP API: OpenAI's chat and text completions, models, health and metrics, on FastAPI.
+"""The HTTP API: OpenAI's chat and text completions, embeddings and responses, models, health and
+metrics, on FastAPI.
 
     app = build_app(ServerConfig(model="smollm2-135m", backend="pool", parallel=8))
 
@@ -34,8 +35,9 @@ from inferno.backends import DEFAULT_BACKEND
 from inferno.errors import InfernoError
 from inferno.serve import openapi
 from inferno.serve.metrics import Metrics
+from inferno.serve.responses import Events, Reply, ResponsesRequest, Store
 from inferno.serve.openapi import (ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, EmbeddingList,
-                                   Health, ModelCard, ModelList, errors, get, post)
+                                   Health, ModelCard, ModelList, ResponseEvent, ResponseObject, errors, get, post)
 from inferno.serve.protocol import (APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedChoice,
                                     Response, TokenText, embeddings_body, usage)
 from inferno.tools import functions, tool_choice_grammar
@@ -103,6 +105,7 @@ class State:
         self.tokens: TokenText | None = None
         self.error: str | None = None
         self.loaded = threading.Event()  # set when the load ends, well or not
+        self.responses = Store()  # stored Responses API conversations (previous_response_id)
 
     def load(self) -> None:
         t0 = time.perf_counter()
@@ -206,6 +209,32 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
     @api.post("/v1/chat/completions", **post(ChatRequest, ChatCompletion, ChatCompletionChunk))
     async def chat(request: Request):
         batch, req = await state.accept(request, ChatRequest)
+        resp, handle = await start_chat(batch, req)
+        return await respond(request, req, resp, handle)
+
+    @api.post("/v1/responses", **post(ResponsesRequest, ResponseObject, ResponseEvent))
+    async def responses(request: Request):
+        batch, req = await state.accept(request, ResponsesRequest)
+        chat_req = req.to_chat(state.responses.get(req.previous_response_id))
+        try:
+            chat_req.check_supported()
+            resp, handle = await start_chat(batch, chat_req)
+        except APIError as e:  # named as this request names its fields
+            e.param = RESPONSES_PARAMS.get(e.param, e.param)
+            raise
+        reply = Reply(req, chat_req)
+        request.state.handle = handle
+        if req.stream:
+            return StreamingResponse(stream_response(reply, resp, handle, state.responses),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        events = await collect(request, handle)
+        body = reply.whole(resp.whole(events, handle.prompt_tokens))
+        state.responses.put(reply)
+        return JSONResponse(body)
+
+    async def start_chat(batch: BatchEngine, req: ChatRequest) -> tuple[Response, Handle]:
+        """A chat completion's request queued: its envelope and handle."""
         engine = batch.engine
         try:
             tools = functions(req.tool_dicts) if req.tools else None
@@ -225,9 +254,8 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, batch.ctx_size - len(ids))
         options = req.options(engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0, grammar,
                               tool_format, config.speculative, config.spec_type)
-        return await respond(request, req, Response("chat", req.model, state.tokens, tool_format,
-                                      fenced=grammar is not None and grammar.fenced),
-                             submit(batch, ids, options, req.n, "max_completion_tokens"))
+        return (Response("chat", req.model, state.tokens, tool_format, fenced=grammar is not None and grammar.fenced),
+                submit(batch, ids, options, req.n, "max_completion_tokens"))
 
     @api.post("/v1/completions", **post(CompletionRequest, Completion, CompletionChunk))
     async def completions(request: Request):
@@ -261,15 +289,7 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
             raise APIError(400, str(e), param=e.params[0] if e.params else "input") from None
         handle = enqueue(batch.embed, prompts, embedder, loop=asyncio.get_running_loop())
         request.state.handle = handle
-        watcher = asyncio.create_task(cancel_on_disconnect(request, handle))
-        try:
-            events = [ev async for ev in handle]
-        finally:
-            watcher.cancel()
-            handle.cancel()
-        errors = [ev.error for ev in events if ev.error]
-        if errors:
-            raise APIError(500, f"embedding failed: {errors[0]}", kind="server_error")
+        events = await collect(request, handle, "embedding")
         vectors = [ev.embedding for ev in sorted(events, key=lambda ev: ev.index)]
         return JSONResponse(embeddings_body(req.model, vectors, handle.prompt_tokens, req.encoding_format))
 
@@ -325,6 +345,11 @@ async def respond(request: Request, req, resp: Response, handle: Handle):
     if req.stream:
         return StreamingResponse(stream(resp, handle, req.include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return JSONResponse(resp.whole(await collect(request, handle), handle.prompt_tokens))
+
+
+async def collect(request: Request, handle: Handle, what: str = "generation") -> list:
+    """Every event of a request answered whole, the request cancelled if its client goes."""
     watcher = asyncio.create_task(cancel_on_disconnect(request, handle))
     try:
         events = [ev async for ev in handle]
@@ -333,8 +358,8 @@ async def respond(request: Request, req, resp: Response, handle: Handle):
         handle.cancel()  # a no-op once every sequence has finished
     errors = [ev.error for ev in events if ev.error]
     if errors:
-        raise APIError(500, f"generation failed: {errors[0]}", kind="server_error")
-    return JSONResponse(resp.whole(events, handle.prompt_tokens))
+        raise APIError(500, f"{what} failed: {errors[0]}", kind="server_error")
+    return events
 
 
 async def cancel_on_disconnect(request: Request, handle: Handle) -> None:
@@ -374,6 +399,33 @@ async def stream(resp: Response, handle: Handle, include_usage: bool):
         handle.cancel()  # the client went away (the generator is cancelled), or a choice failed
 
 
+# The chat's fields that a Responses request names otherwise.
+RESPONSES_PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
+
+
+async def stream_response(reply: Reply, resp: Response, handle: Handle, store: Store):
+    """A streamed Responses API answer: its events (responses.Events), stored once complete."""
+    events = Events(reply)
+    try:
+        for line in events.opening():
+            yield line
+        completion = cached = 0
+        async for ev in handle:
+            if ev.error:
+                yield events.sse("error", code="server_error", message=f"generation failed: {ev.error}", param=None)
+                return
+            completion += ev.completion_tokens
+            cached += ev.cached_tokens
+            for choice in resp.chunk_choices(ev):
+                for line in events.chunk(choice):
+                    yield line
+        for line in events.closing(usage(handle.prompt_tokens, completion, cached)):
+            yield line
+        store.put(reply)
+    finally:
+        handle.cancel()
+
+
 def _union_tag(part) -> bool:
     """pydantic names a union's branch in an error's location: `str`, `list[TextPart]`,
     `constrained-str` (a str with a rule, Field(min_length=1))."""
@@ -402,8 +454,8 @@ async def parse(request: Request, model: type[BaseModel]):
         raise APIError(400, message, param=where or None) from None
 
 
-ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, "
-          "GET /v1/models/{id}, GET /metrics, GET /health")
+ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/responses, "
+          "GET /v1/models, GET /v1/models/{id}, GET /metrics, GET /health")
 
 
 def _http_error(request: Request, e: HTTPException) -> JSONResponse:

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from inferno.serve.protocol import ChatRequest, CompletionRequest, EmbeddingRequest
+from inferno.serve.responses import ResponsesRequest
 
 
 class ErrorDetail(BaseModel):
@@ -122,6 +123,27 @@ class EmbeddingList(BaseModel):
     usage: Usage
 
 
+class ResponseObject(BaseModel):
+    """The Responses API's response: its output items (an assistant message, function calls)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete"]
+    model: str
+    output: list[dict]
+    usage: dict | None
+    error: dict | None
+    incomplete_details: dict | None
+
+
+class ResponseEvent(BaseModel):
+    """One streamed Responses API event (response.created, response.output_text.delta, ...)."""
+
+    type: str
+    sequence_number: int
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"]
@@ -138,8 +160,9 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
-MODELS = (ChatRequest, CompletionRequest, EmbeddingRequest, ErrorBody, ChatCompletion, ChatCompletionChunk,
-          Completion, CompletionChunk, EmbeddingList, ModelCard, ModelList, Health)
+MODELS = (ChatRequest, CompletionRequest, EmbeddingRequest, ResponsesRequest, ErrorBody, ChatCompletion,
+          ChatCompletionChunk, Completion, CompletionChunk, EmbeddingList, ResponseObject, ResponseEvent, ModelCard,
+          ModelList, Health)
 WHY = {400: "a bad request: its body, a field, a value out of range, a prompt over the context",
        401: "a missing or wrong API key (a server started with one)",
        404: "an unknown model",
@@ -193,7 +216,7 @@ def document(app, names: list[str]) -> dict:
         for unused in ("HTTPValidationError", "ValidationError"):
             schemas.pop(unused, None)
         schemas.update(defs["$defs"])
-        for request in (ChatRequest, CompletionRequest, EmbeddingRequest):
+        for request in (ChatRequest, CompletionRequest, EmbeddingRequest, ResponsesRequest):
             schemas[request.__name__]["properties"]["model"]["enum"] = names
         app.openapi_schema = doc
     return app.openapi_schema

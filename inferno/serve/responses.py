@@ -1,0 +1,291 @@
+"""OpenAI's Responses API (POST /v1/responses), as the chat completion it is underneath.
+
+openai-agents' default model calls it, and pydantic-ai and langchain do when asked. A request
+becomes a ChatRequest (`ResponsesRequest.to_chat`): `instructions` the system message, the
+input items the messages (a function_call an assistant's tool call, a function_call_output the
+tool's answer), function tools and `text.format` the chat's tools and response_format. It then
+runs on the chat's path (app.start_chat: template, grammar, tool-call parsing, the batch), and
+its events come back as Responses output items: a message with output_text, function calls.
+Streamed, the chat's deltas become Responses events (`Events`): response.created, an item
+added, its text or arguments in deltas, the item done, response.completed.
+
+A stored response (`store`, true by default) keeps its conversation, input and output, in
+memory (the last STORED of them), so that `previous_response_id` continues it; an unknown id
+is a 404, as OpenAI's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import OrderedDict
+
+from pydantic import ConfigDict, Field, ValidationError
+
+from inferno.serve.protocol import APIError, Body, ChatRequest
+
+STORED = 1024  # responses whose conversations are kept for previous_response_id
+
+
+class ResponsesRequest(Body):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[dict]
+    instructions: str | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
+    text: dict | None = None
+    stream: bool = False
+    previous_response_id: str | None = None
+    store: bool = True
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    metadata: dict | None = None
+    user: str | None = None
+
+    def check_supported(self) -> None:
+        """Every field is read (to_chat); the rest of OpenAI's are ignored, as extra fields are."""
+
+    def to_chat(self, history: list[dict]) -> ChatRequest:
+        """The chat completion this request asks for, after the stored conversation `history`."""
+        messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        messages += [m for m in history if m["role"] != "system"] if self.instructions else history
+        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        messages += input_messages(items)
+        body = {"model": self.model, "messages": messages, "parallel_tool_calls": self.parallel_tool_calls,
+                "max_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p}
+        if self.tools:
+            body["tools"] = [chat_tool(t, i) for i, t in enumerate(self.tools)]
+        if isinstance(self.tool_choice, dict):
+            body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.get("name")}}
+        elif self.tool_choice is not None:
+            body["tool_choice"] = self.tool_choice
+        fmt = (self.text or {}).get("format") or {"type": "text"}
+        if fmt.get("type") == "json_schema":
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": fmt.get("name"), "schema": fmt.get("schema"), "strict": fmt.get("strict")}}
+        elif fmt.get("type") in ("json_object", "text"):
+            body["response_format"] = {"type": fmt["type"]}
+        else:
+            raise APIError(400, f"text.format type {fmt.get('type')!r} is not supported (text, json_object, "
+                           f"json_schema)", param="text.format")
+        try:
+            return ChatRequest.model_validate(body, strict=False)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise APIError(400, f"{where}: {err['msg']}", param="input" if where.startswith("messages") else where) from None
+
+
+def input_messages(items: list[dict]) -> list[dict]:
+    """Responses input items as chat messages."""
+    out: list[dict] = []
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "message":
+            out.append({"role": item.get("role"), "content": _text(item.get("content"), f"input[{i}].content")})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+                out[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                        "content": _text(item.get("output"), f"input[{i}].output")})
+        elif kind != "reasoning":  # (a reasoning item carries nothing a chat template takes)
+            raise APIError(400, f"input[{i}]: item type {kind!r} is not supported (message, function_call, "
+                           f"function_call_output)", param="input")
+    return out
+
+
+def _text(content, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise APIError(400, f"{where}: {kind} parts are not supported, only text", param="input")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise APIError(400, f"{where}: text or a list of text parts", param="input")
+
+
+def chat_tool(tool: dict, i: int) -> dict:
+    if tool.get("type") != "function":
+        raise APIError(400, f"tools[{i}]: only function tools are served here, not {tool.get('type')!r}",
+                       param="tools")
+    return {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters") if k in tool}}
+
+
+# -- what comes back ----------------------------------------------------------------------------
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def message_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+    return {"type": "message", "id": item_id or _id("msg"), "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}] if text or status == "completed" else []}
+
+
+def call_item(call_id: str, name: str, arguments: str, status: str = "completed", item_id: str | None = None) -> dict:
+    return {"type": "function_call", "id": item_id or _id("fc"), "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+class Reply:
+    """One response's envelope, its output items as they are made, and its usage."""
+
+    def __init__(self, req: ResponsesRequest, chat: ChatRequest):
+        self.req, self.chat = req, chat
+        self.id, self.created = _id("resp"), int(time.time())
+        self.messages = [m.as_dict() for m in chat.messages]  # the conversation, for the store
+        self.output: list[dict] = []
+        self.usage: dict | None = None
+        self.finish: str | None = None
+
+    def body(self, status: str) -> dict:
+        req = self.req
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
+                "error": None, "incomplete_details": incomplete, "instructions": req.instructions,
+                "max_output_tokens": req.max_output_tokens, "model": req.model, "output": self.output,
+                "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
+                "temperature": req.temperature, "top_p": req.top_p, "tool_choice": req.tool_choice or "auto",
+                "tools": req.tools or [], "text": req.text or {"format": {"type": "text"}},
+                "metadata": req.metadata or {}, "store": req.store, "usage": self.usage}
+
+    @property
+    def status(self) -> str:
+        return "incomplete" if self.finish == "length" else "completed"
+
+    def set_usage(self, chat_usage: dict) -> None:
+        self.usage = {"input_tokens": chat_usage["prompt_tokens"],
+                      "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
+                      "output_tokens": chat_usage["completion_tokens"],
+                      "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": chat_usage["total_tokens"]}
+
+    def whole(self, chat_body: dict) -> dict:
+        """The response from the chat completion's non-streamed body."""
+        choice = chat_body["choices"][0]
+        message, self.finish = choice["message"], choice["finish_reason"]
+        if message.get("content"):
+            self.output.append(message_item(message["content"]))
+        for call in message.get("tool_calls") or ():
+            self.output.append(call_item(call["id"], call["function"]["name"], call["function"]["arguments"]))
+        self.set_usage(chat_body["usage"])
+        return self.body(self.status)
+
+    def conversation(self) -> list[dict]:
+        """The messages a later request continues (previous_response_id): this one's and its reply."""
+        text = "".join(p["text"] for item in self.output if item["type"] == "message" for p in item["content"])
+        calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+                 for i in self.output if i["type"] == "function_call"]
+        reply = {"role": "assistant", "content": text or (None if calls else "")}
+        if calls:
+            reply["tool_calls"] = calls
+        return self.messages + [reply]
+
+
+class Events:
+    """The chat's streamed choice chunks as Responses events, each numbered."""
+
+    def __init__(self, reply: Reply):
+        self.reply, self.seq = reply, 0
+        self.message: dict | None = None  # the open message item
+        self.calls: dict[int, dict] = {}  # the chat's call index -> its open function_call item
+
+    def sse(self, kind: str, **fields) -> str:
+        body = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    def opening(self) -> list[str]:
+        return [self.sse("response.created", response=self.reply.body("in_progress")),
+                self.sse("response.in_progress", response=self.reply.body("in_progress"))]
+
+    def chunk(self, choice: dict) -> list[str]:
+        out, delta = [], choice.get("delta") or {}
+        if delta.get("content"):
+            if self.message is None:
+                self.message = message_item("", status="in_progress")
+                self.reply.output.append(self.message)
+                index = len(self.reply.output) - 1
+                out.append(self.sse("response.output_item.added", output_index=index, item=self.message))
+                out.append(self.sse("response.content_part.added", item_id=self.message["id"], output_index=index,
+                                    content_index=0, part={"type": "output_text", "text": "", "annotations": []}))
+                self.message["content"] = [{"type": "output_text", "text": "", "annotations": []}]
+            self.message["content"][0]["text"] += delta["content"]
+            out.append(self.sse("response.output_text.delta", item_id=self.message["id"], content_index=0,
+                                output_index=self.reply.output.index(self.message), delta=delta["content"]))
+        for call in delta.get("tool_calls") or ():
+            item = self.calls.get(call["index"])
+            if item is None:
+                out += self._close_message()
+                item = call_item(call.get("id") or _id("call"), call["function"].get("name") or "", "", "in_progress")
+                self.calls[call["index"]] = item
+                self.reply.output.append(item)
+                out.append(self.sse("response.output_item.added", output_index=len(self.reply.output) - 1, item=item))
+            arguments = call["function"].get("arguments") or ""
+            if arguments:
+                item["arguments"] += arguments
+                out.append(self.sse("response.function_call_arguments.delta", item_id=item["id"],
+                                    output_index=self.reply.output.index(item), delta=arguments))
+        if choice.get("finish_reason"):
+            self.reply.finish = choice["finish_reason"]
+        return out
+
+    def _close_message(self) -> list[str]:
+        item, self.message = self.message, None
+        if item is None:
+            return []
+        index, text = self.reply.output.index(item), item["content"][0]["text"]
+        item["status"] = "completed"
+        part = item["content"][0]
+        return [self.sse("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text),
+                self.sse("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part),
+                self.sse("response.output_item.done", output_index=index, item=item)]
+
+    def closing(self, chat_usage: dict) -> list[str]:
+        out = self._close_message()
+        for item in self.calls.values():
+            index = self.reply.output.index(item)
+            item["status"] = "completed"
+            out.append(self.sse("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                arguments=item["arguments"]))
+            out.append(self.sse("response.output_item.done", output_index=index, item=item))
+        self.reply.set_usage(chat_usage)
+        status = self.reply.status
+        out.append(self.sse(f"response.{status}", response=self.reply.body(status)))
+        return out
+
+
+class Store:
+    """Stored responses' conversations, the newest STORED."""
+
+    def __init__(self, size: int = STORED):
+        self.size, self.items = size, OrderedDict()
+
+    def get(self, response_id: str | None) -> list[dict]:
+        if response_id is None:
+            return []
+        if response_id not in self.items:
+            raise APIError(404, f"previous response {response_id!r} not found: it was not stored (store: false), "
+                           f"or this server has restarted or kept only its last {self.size}",
+                           param="previous_response_id", code="previous_response_not_found")
+        self.items.move_to_end(response_id)
+        return list(self.items[response_id])
+
+    def put(self, reply: Reply) -> None:
+        if reply.req.store:
+            self.items[reply.id] = reply.conversation()
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
