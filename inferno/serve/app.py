@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
@@ -46,6 +46,7 @@ from inferno.serve.batch import BatchEngine, Closed, Handle, QueueFull
 log = logging.getLogger("inferno.serve")
 
 BODY_LIMIT = 1 << 20  # bytes; a larger body is a 413
+PAGE = Path(__file__).parent / "page" / "index.html"
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,11 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
 
     app.openapi = lambda: openapi.document(app, sorted(state.names))
 
+    @app.get("/", include_in_schema=False)
+    async def page():
+        """The chat page (page/index.html): it talks to this server's /v1 API."""
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
     @app.get("/health", **get(Health, 503))
     async def health():
         state.ready()
@@ -191,7 +197,9 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         return PlainTextResponse(state.metrics.render(gauges), media_type="text/plain; version=0.0.4")
 
     def model_card() -> dict:
-        return {"id": config.served_name, "object": "model", "created": int(time.time()), "owned_by": "inferno"}
+        """OpenAI's model object, with vLLM's max_model_len: the positions of a slot."""
+        card = {"id": config.served_name, "object": "model", "created": int(time.time()), "owned_by": "inferno"}
+        return {**card, "max_model_len": state.batch.ctx_size} if state.batch is not None else card
 
     @api.get("/v1/models", **get(ModelList, 401, 503))
     async def models():
@@ -345,7 +353,8 @@ async def respond(request: Request, req, resp: Response, handle: Handle):
     if req.stream:
         return StreamingResponse(stream(resp, handle, req.include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return JSONResponse(resp.whole(await collect(request, handle), handle.prompt_tokens))
+    body = resp.whole(await collect(request, handle), handle.prompt_tokens)
+    return JSONResponse({**body, "timings": handle.timings()})
 
 
 async def collect(request: Request, handle: Handle, what: str = "generation") -> list:
@@ -391,8 +400,8 @@ async def stream(resp: Response, handle: Handle, include_usage: bool):
             accepted += ev.accepted_tokens
             for choice in resp.chunk_choices(ev):
                 yield sse({**resp.envelope([choice], stream=True), **extra})
-        if include_usage:
-            yield sse({**resp.envelope([], stream=True),
+        if include_usage:  # and llama-server's timings, which its web page (and ours) show
+            yield sse({**resp.envelope([], stream=True), "timings": handle.timings(),
                        "usage": usage(handle.prompt_tokens, completion_tokens, cached_tokens, drafted, accepted)})
         yield "data: [DONE]\n\n"
     finally:
@@ -454,8 +463,8 @@ async def parse(request: Request, model: type[BaseModel]):
         raise APIError(400, message, param=where or None) from None
 
 
-ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/responses, "
-          "GET /v1/models, GET /v1/models/{id}, GET /metrics, GET /health")
+ROUTES = ("GET / (the chat page), POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, "
+          "POST /v1/responses, GET /v1/models, GET /v1/models/{id}, GET /metrics, GET /health")
 
 
 def _http_error(request: Request, e: HTTPException) -> JSONResponse:

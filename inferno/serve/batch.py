@@ -72,6 +72,23 @@ class Handle:
         return (f"prompt {self.prompt_tokens} tokens ({sum(s.cached for s in seqs)} cached), "
                 f"generated {sum(len(s.generated) for s in seqs)}{ttft}")
 
+    def timings(self) -> dict:
+        """llama-server's `timings` of this request: its prompt's prefill up to the first token
+        (queueing included), and the tokens after it; empty before any token."""
+        seqs = [s for s in self.sequences if s.first_token_time is not None]
+        if not seqs:
+            return {}
+        first = min(s.first_token_time for s in seqs)
+        prompt_ms = (first - min(s.arrival for s in seqs)) * 1e3
+        prompt_n = self.prompt_tokens - sum(s.cached for s in seqs)
+        predicted_n = sum(len(s.sampled) for s in seqs)
+        predicted_ms = (max(s.last_token_time for s in seqs) - first) * 1e3
+        later = predicted_n - len(seqs)  # the tokens after each sequence's first
+        return {"prompt_n": prompt_n, "prompt_ms": prompt_ms,
+                "prompt_per_second": prompt_n / prompt_ms * 1e3 if prompt_ms > 0 else None,
+                "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+                "predicted_per_second": later / predicted_ms * 1e3 if predicted_ms > 0 and later > 0 else None}
+
     def cancel(self) -> None:
         """Stop generating; the slots are free again after the scheduler's next step."""
         if not self.cancelled:

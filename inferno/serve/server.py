@@ -29,6 +29,9 @@ def run(config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8000,
         state.loaded.wait()
         if state.error is not None:
             server.should_exit = True
+        else:
+            shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+            logging.getLogger("inferno.serve").info("ready: the chat page at http://%s:%d/, the API at /v1", shown, port)
     threading.Thread(target=stop_if_load_fails, daemon=True).start()
 
     # uvicorn raises the signal that stopped it again once it has shut down, for the handler it
