@@ -430,6 +430,9 @@ def cmd_serve(args) -> int:
         raise InfernoError(f"inferno serve needs FastAPI and uvicorn: pip install -e '.[serve]' in "
                            f"inferno's folder ({e})") from None
     check_ctx_size(args.ctx_size)
+    if args.pooling == "none":
+        raise InfernoError("--pooling none gives a vector per token, which /v1/embeddings has no shape for: "
+                           "serve with last, mean or cls (`inferno embed --pooling none` prints them)")
     resolve(args.model)  # a bad name fails here, in one line, before a port is bound
     if args.model_draft is not None:
         resolve(args.model_draft)

@@ -86,12 +86,16 @@ class Slots:
         it as any slot can give: (slot, prompt tokens already in it). At least the prompt's
         last token is left to feed: its logits start the reply. Without `reuse`, the least
         recently used free slot, emptied."""
+        self.reserve(need)  # (before a slot is taken: a request too big leaves them all free)
         free = [s for s in range(self.count) if not self.busy[s]]
-        shared = {s: min(common_prefix(self.tokens[s], prompt), len(prompt) - 1) if reuse else 0 for s in free}
-        slot = max(free, key=lambda s: (shared[s], -self.used[s]))  # ties: the least recently used
+        if reuse:
+            shared = {s: min(common_prefix(self.tokens[s], prompt), len(prompt) - 1) for s in free}
+            slot = max(free, key=lambda s: (shared[s], -self.used[s]))  # ties: the least recently used
+        else:  # the slot holding least, so that others' prefixes stay for their next turns
+            shared = dict.fromkeys(free, 0)
+            slot = min(free, key=lambda s: (len(self.tokens[s]), self.used[s]))
         self.busy[slot], self.used[slot] = True, next(self._clock)
         self.truncate(slot, shared[slot])
-        self.reserve(need)
         return slot, self.borrow(slot, prompt) if reuse else 0
 
     def reserve(self, need: int) -> None:
@@ -220,7 +224,11 @@ class Scheduler:
         while self.waiting and self.slots.free():
             seq = self.waiting.popleft()
             self.left_waiting += 1
-            self._admit(seq)
+            try:
+                self._admit(seq)
+            except Exception as e:  # no room in a slot for it, say: this sequence only
+                log.error("a sequence could not start: %s: %s", type(e).__name__, e)
+                events.append((seq, seq.finish("error", f"{type(e).__name__}: {e}")))
 
         batch = self._plan()
         if not batch:
@@ -287,8 +295,8 @@ class Scheduler:
     def _admit(self, seq: Sequence) -> None:
         """A slot for a waiting sequence, holding as long a prefix of its prompt as any slot
         can give (Slots.take): those rows are not prefilled."""
-        seq.slot, seq.pos = self.slots.take(seq.prompt, len(seq.prompt) + seq.options.max_tokens,
-                                            reuse=seq.reuses_prefix)
+        need = len(seq.prompt) + (0 if seq.pooler is not None else seq.options.max_tokens)  # an embedding samples nothing
+        seq.slot, seq.pos = self.slots.take(seq.prompt, need, reuse=seq.reuses_prefix)
         self._reused(seq, seq.pos)
         if seq.options.speculative:
             try:

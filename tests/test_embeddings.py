@@ -240,3 +240,23 @@ def test_inferno_embed_prints_a_vector_per_line(st_models, engines, capsys, monk
     rows = [json.loads(line) for line in out.splitlines()]
     assert np.array_equal(np.float32(rows), engines("mean").embed(["hello world", "a"]))
     assert "2 texts" in err and "mean pooling" in err
+
+
+def test_serve_refuses_pooling_none_before_it_loads(capsys):
+    from inferno.cli import main
+    assert main(["serve", "--pooling", "none", "--embeddings"]) != 0
+    assert "--pooling none gives a vector per token" in capsys.readouterr().err
+
+
+def test_a_text_of_exactly_the_slot_and_too_many_texts(engines):
+    """An embedding needs its prompt's positions only (it samples nothing): a text as long as
+    a slot fits. A request of more texts than the server runs and queues is refused whole."""
+    from inferno.serve.batch import BatchEngine
+    engine = engines("mean")
+    ids = engine.embed_ids(" ".join(["word"] * 20))[0][:16]
+    with BatchEngine(engine, parallel=2, ctx_size=16, queue_limit=3) as batch:
+        (event,) = list(batch.embed([ids], engine.embedder()))
+        assert np.array_equal(event.embedding, engine.embed([ids])[0])
+        with pytest.raises(InfernoError, match="6 texts in one request is more than"):
+            batch.embed([ids[:4]] * 6, engine.embedder())
+        assert [e.finish_reason for e in batch.embed([ids[:4]] * 5, engine.embedder())] == ["stop"] * 5

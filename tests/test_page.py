@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -85,7 +86,8 @@ def test_a_reply_streams_and_the_conversation_survives_a_reload(page, server, mo
     want = httpx.post(server[0] + "/v1/chat/completions", json={
         "model": MODEL, "messages": [{"role": "user", "content": "Hello there"}], "temperature": 0,
         "max_tokens": 12}).json()["choices"][0]["message"]["content"]
-    assert text.strip() == want.strip()
+    kept = page.evaluate("JSON.parse(localStorage.getItem('inferno.conversations'))[0].messages")
+    assert kept == [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": want, "stats": ANY}]
     assert page.evaluate("window.changes") > 6  # drawn piece by piece, not once at the end
     assert "tokens/s" in page.text_content(".msg.assistant .stats")
     page.reload()
@@ -98,7 +100,11 @@ def test_stop_ends_the_reply_and_frees_the_slot(page, server, monkeypatch):
     engine = server[1].batch.engine
     run = engine.model.run
     monkeypatch.setattr(engine.model, "run", lambda *a, **k: (time.sleep(0.05), run(*a, **k))[1])
-    settings(page, max_tokens=400, temperature=0.8)
+    story = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story"}], "temperature": 0,
+             "max_tokens": 400}
+    assert httpx.post(server[0] + "/v1/chat/completions", json=story, timeout=60).json()["choices"][0][
+        "finish_reason"] == "length"  # greedy, it would run to the end: only the button stops it
+    settings(page, max_tokens=400, temperature=0)
     ask(page, "Tell me a long story")
     page.wait_for_function("document.querySelectorAll('.msg.assistant .body')[0]?.textContent.length > 3")
     page.click("#stop")
@@ -215,6 +221,22 @@ def test_a_missing_asset_is_a_404_in_openais_shape(server):
     r = httpx.get(server[0] + "/page/nothing.js")
     assert r.status_code == 404 and "Invalid URL (GET /page/nothing.js)" in r.json()["error"]["message"]
     assert httpx.get(server[0] + "/").headers["content-type"].startswith("text/html")
+
+
+def test_a_bad_store_or_import_does_not_break_the_page(page, tmp_path):
+    page.evaluate("""localStorage.setItem('inferno.conversations', JSON.stringify(
+        [{id: 'a', title: 5, messages: [{role: 'user', content: {}}, {role: 'user', content: 'kept'}]}, 'junk']))""")
+    page.reload()
+    page.wait_for_selector(".msg.user")
+    assert page.text_content(".msg.user .body") == "kept" and page.text_content("#convs li span") == "Imported chat"
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"id": "b", "messages": [{"role": "assistant", "content": 7}], "title": null}]')
+    page.set_input_files("#import", str(bad))
+    page.wait_for_function("document.querySelectorAll('#convs li').length === 2")
+    page.evaluate("localStorage.setItem('inferno.conversations', '{not json')")
+    page.reload()
+    page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+    assert page.locator("#convs li").count() == 0
 
 
 def test_export_then_import_brings_the_conversations_back(page, tmp_path):

@@ -205,3 +205,23 @@ def test_session_reuse_never_crosses_engines(qwen3_dir, llama_dir):
 def test_slots_are_not_growable_unless_asked(qwen3_dir):
     engine = inferno.load(qwen3_dir, backend="cpu", progress=False)
     assert isinstance(engine.new_slots(2, 8), Slots) and not engine.new_slots(2, 8).growable
+
+
+def test_a_sequence_that_cannot_start_fails_alone(qwen3_dir):
+    """No slot has room for it (a fixed cache): that sequence ends in an error event, its slot
+    stays free, and the loop runs the next one."""
+    from inferno.scheduler import Scheduler, Slots
+    from inferno.sequence import Sequence
+    engine = inferno.load(qwen3_dir, backend="cpu", progress=False)
+    try:
+        loop = Scheduler(engine, Slots(engine.model, 1, 8))
+        big = Sequence([1] * 7 + [2], Options(max_tokens=20, sampling=GREEDY), engine.tokenizer, engine.eos)
+        small = Sequence([1, 2, 3], Options(max_tokens=2, sampling=GREEDY), engine.tokenizer, engine.eos)
+        loop.add([big, small])
+        events = []
+        while loop.busy:
+            events += loop.step()
+        assert events[0][0] is big and events[0][1].finish_reason == "error" and "ValueError" in events[0][1].error
+        assert small.finish_reason in ("stop", "length") and loop.slots.free() == 1
+    finally:
+        engine.close()

@@ -170,7 +170,7 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
     for exc, handler in HANDLERS.items():
         app.add_exception_handler(exc, handler)
 
-    app.openapi = lambda: openapi.document(app, sorted(state.names))
+    app.openapi = lambda: openapi.document(app, [config.served_name])  # (not --model's path, which is taken too)
 
     @app.get("/", include_in_schema=False)
     async def page():
@@ -298,6 +298,8 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         handle = enqueue(batch.embed, prompts, embedder, loop=asyncio.get_running_loop())
         request.state.handle = handle
         events = await collect(request, handle, "embedding")
+        if any(ev.embedding is None for ev in events):  # cancelled: the server is stopping
+            raise APIError(503, "the server is shutting down: retry", kind="server_error")
         vectors = [ev.embedding for ev in sorted(events, key=lambda ev: ev.index)]
         return JSONResponse(embeddings_body(req.model, vectors, handle.prompt_tokens, req.encoding_format))
 
@@ -421,7 +423,7 @@ async def stream_response(reply: Reply, resp: Response, handle: Handle, store: S
         completion = cached = 0
         async for ev in handle:
             if ev.error:
-                yield events.sse("error", code="server_error", message=f"generation failed: {ev.error}", param=None)
+                yield events.failed(f"generation failed: {ev.error}")
                 return
             completion += ev.completion_tokens
             cached += ev.cached_tokens

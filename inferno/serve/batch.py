@@ -80,7 +80,7 @@ class Handle:
             return {}
         first = min(s.first_token_time for s in seqs)
         prompt_ms = (first - min(s.arrival for s in seqs)) * 1e3
-        prompt_n = self.prompt_tokens - sum(s.cached for s in seqs)
+        prompt_n = sum(len(s.prompt) - s.cached for s in seqs)
         predicted_n = sum(len(s.sampled) for s in seqs)
         predicted_ms = (max(s.last_token_time for s in seqs) - first) * 1e3
         later = predicted_n - len(seqs)  # the tokens after each sequence's first
@@ -227,8 +227,7 @@ class BatchEngine:
               loop: asyncio.AbstractEventLoop | None = None) -> Handle:
         """Queue texts to embed (engine.embed_ids's token ids): they run as prompts beside the
         generations, and each one's final event holds its vector (Event.embedding). The
-        texts of one request may outnumber the slots: they wait their turn, unless the queue
-        is already over its limit."""
+        texts of one request count against the queue as a generation's sequences do."""
         for i, ids in enumerate(prompts):
             if len(ids) > self.ctx_size:
                 raise InfernoError(f"input {i} has {len(ids)} tokens, more than the context of "
@@ -240,7 +239,11 @@ class BatchEngine:
         with self._lock:
             if self._closed:
                 raise Closed("the server is shutting down")
-            if self._pending > self.queue_limit:
+            if len(prompts) > self.queue_limit + self.parallel:
+                raise InfernoError(f"input: {len(prompts)} texts in one request is more than this server runs and "
+                                   f"queues ({self.parallel} slots, queue limit {self.queue_limit}): send fewer",
+                                   params=("input",))
+            if self._pending + len(prompts) > self.queue_limit + self.slots.free():
                 raise QueueFull(f"all {self.parallel} slots are busy and {self._pending} sequences "
                                 f"are queued (limit {self.queue_limit}): retry later")
             self._submitted += len(prompts)

@@ -129,7 +129,7 @@ class ResponseObject(BaseModel):
     id: str
     object: Literal["response"]
     created_at: int
-    status: Literal["in_progress", "completed", "incomplete"]
+    status: Literal["in_progress", "completed", "incomplete", "failed"]
     model: str
     output: list[dict]
     usage: dict | None

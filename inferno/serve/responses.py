@@ -52,8 +52,8 @@ class ResponsesRequest(Body):
 
     def to_chat(self, history: list[dict]) -> ChatRequest:
         """The chat completion this request asks for, after the stored conversation `history`."""
-        messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        messages += [m for m in history if m["role"] != "system"] if self.instructions else history
+        # A stored conversation keeps no instructions: each request gives its own, as OpenAI's.
+        messages = ([{"role": "system", "content": self.instructions}] if self.instructions else []) + history
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
         messages += input_messages(items)
         body = {"model": self.model, "messages": messages, "parallel_tool_calls": self.parallel_tool_calls,
@@ -146,7 +146,8 @@ class Reply:
     def __init__(self, req: ResponsesRequest, chat: ChatRequest):
         self.req, self.chat = req, chat
         self.id, self.created = _id("resp"), int(time.time())
-        self.messages = [m.as_dict() for m in chat.messages]  # the conversation, for the store
+        # The conversation, for the store: without this request's instructions (to_chat's first).
+        self.messages = [m.as_dict() for m in chat.messages][1 if req.instructions else 0:]
         self.output: list[dict] = []
         self.usage: dict | None = None
         self.finish: str | None = None
@@ -225,7 +226,8 @@ class Events:
                 self.message["content"] = [{"type": "output_text", "text": "", "annotations": []}]
             self.message["content"][0]["text"] += delta["content"]
             out.append(self.sse("response.output_text.delta", item_id=self.message["id"], content_index=0,
-                                output_index=self.reply.output.index(self.message), delta=delta["content"]))
+                                output_index=self.reply.output.index(self.message), delta=delta["content"],
+                                logprobs=[]))
         for call in delta.get("tool_calls") or ():
             item = self.calls.get(call["index"])
             if item is None:
@@ -250,7 +252,8 @@ class Events:
         index, text = self.reply.output.index(item), item["content"][0]["text"]
         item["status"] = "completed"
         part = item["content"][0]
-        return [self.sse("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text),
+        return [self.sse("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text,
+                         logprobs=[]),
                 self.sse("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part),
                 self.sse("response.output_item.done", output_index=index, item=item)]
 
@@ -266,6 +269,12 @@ class Events:
         status = self.reply.status
         out.append(self.sse(f"response.{status}", response=self.reply.body(status)))
         return out
+
+
+    def failed(self, message: str) -> str:
+        """The event that ends a stream whose generation failed."""
+        body = {**self.reply.body("failed"), "error": {"code": "server_error", "message": message}}
+        return self.sse("response.failed", response=body)
 
 
 class Store:
