@@ -462,12 +462,13 @@ def cmd_embed(args) -> int:
         if engine.embedding_note:
             print(f"note: {engine.embedding_note}", file=sys.stderr)
         t0 = time.perf_counter()
-        vectors = engine.embed(texts, pooling=args.pooling, normalize=not args.no_normalize,
+        prompts = engine.embed_ids(texts)  # (tokenized once: embed takes the ids as they are)
+        vectors = engine.embed(prompts, pooling=args.pooling, normalize=not args.no_normalize,
                                dimensions=args.dimensions, ctx_size=args.ctx_size)
         seconds = time.perf_counter() - t0
         for v in vectors:
             print(json.dumps(v.tolist()))
-        tokens = sum(map(len, engine.embed_ids(texts)))
+        tokens = sum(map(len, prompts))
         print(f"embed: {len(texts)} texts, {tokens} tokens in {seconds * 1e3:.1f} ms, "
               f"{tokens / seconds:.1f} tokens/s ({engine.embedder(args.pooling).pooling} pooling, "
               f"{vectors[0].shape[-1]} values each)", file=sys.stderr)

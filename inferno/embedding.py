@@ -38,6 +38,13 @@ DEFAULT_POOLING = "last"  # for a model whose files name none
 MAX_INPUTS = 2048  # texts in one request, as OpenAI's API allows
 
 
+def check_lengths(prompts: list[list[int]], limit: int, what: str) -> None:
+    """Each text within `limit` tokens (`what`: the limit, as the error names it)."""
+    for i, ids in enumerate(prompts):
+        if len(ids) > limit:
+            raise InfernoError(f"input {i} has {len(ids)} tokens, more than {what}: shorten it", params=("input",))
+
+
 def check_pooling(pooling: str) -> str:
     if pooling not in POOLINGS:
         raise InfernoError(f"unknown pooling {pooling!r}: choose one of {', '.join(POOLINGS)}",
@@ -75,6 +82,11 @@ class Pooler:
         else:
             self._rows.append(rows)
 
+    @property
+    def reuses_prefix(self) -> bool:
+        """Whether a cached prefix may stand in for rows: only where the last row alone is pooled."""
+        return self.pooling == "last"
+
     def result(self) -> np.ndarray:
         if self.pooling == "mean":
             return self.finish((self._sum / self._count).astype(np.float32))
@@ -94,11 +106,6 @@ class Embedder:
 
     def pooler(self) -> Pooler:
         return Pooler(self.pooling, self.finish)
-
-    @property
-    def reuses_prefix(self) -> bool:
-        """Whether a cached prefix may stand in for rows: only the last row is pooled."""
-        return self.pooling == "last"
 
     def finish(self, v: np.ndarray) -> np.ndarray:
         """Dense layers, truncation, norm: of one vector [d], or of each row of [n, d]."""

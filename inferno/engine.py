@@ -257,11 +257,8 @@ class Engine:
         embedder = self.embedder(pooling, normalize=normalize, dimensions=dimensions)
         prompts = self.embed_ids(inputs)
         limit = self._context(ctx_size)
-        for i, ids in enumerate(prompts):
-            if len(ids) > limit:
-                raise InfernoError(f"input {i} has {len(ids)} tokens, more than the context of {limit}: "
-                                   f"shorten it", params=("input",))
-        slots = self.new_slots(min(len(prompts), EMBED_SLOTS), max(map(len, prompts)) + 1)
+        embedding.check_lengths(prompts, limit, f"the context of {limit}")
+        slots = self.new_slots(min(len(prompts), EMBED_SLOTS), max(map(len, prompts)))  # (nothing sampled)
         loop = Scheduler(self, slots, chunk=UBATCH)
         seqs = embedding.sequences(prompts, embedder, self.tokenizer, self.eos)
         loop.add(seqs)

@@ -84,8 +84,8 @@ class Slots:
     def take(self, prompt: list[int], need: int, reuse: bool = True) -> tuple[int, int]:
         """A free slot for `prompt` (with room for `need` positions), holding as long a prefix of
         it as any slot can give: (slot, prompt tokens already in it). At least the prompt's
-        last token is left to feed: its logits start the reply. Without `reuse`, the least
-        recently used free slot, emptied."""
+        last token is left to feed: its logits start the reply. Without `reuse`, the free slot
+        holding fewest tokens (the least recently used of those), emptied."""
         self.reserve(need)  # (before a slot is taken: a request too big leaves them all free)
         free = [s for s in range(self.count) if not self.busy[s]]
         if reuse:

@@ -236,7 +236,7 @@ class Sequence:
     def reuses_prefix(self) -> bool:
         """Whether a slot's cached prefix may stand in for prompt rows: not for an embedding
         that pools rows the cache does not keep (every one, or the first)."""
-        return self.pooler is None or self.pooler.pooling == "last"
+        return self.pooler is None or self.pooler.reuses_prefix
 
     def embedded(self) -> Event:
         """An embedding's final event, once its whole prompt is in: the pooled vector."""

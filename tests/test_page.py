@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from contextlib import contextmanager
 from unittest.mock import ANY
 
 import httpx
@@ -34,16 +35,19 @@ def browser():
         b.close()
 
 
+@contextmanager
 def serve(qwen3_dir, **extra):
-    return running(build_app(ServerConfig(model=str(qwen3_dir), model_id=MODEL, parallel=2, ctx_size=512, **extra)))
+    """A server of the tiny model, once healthy: (its URL, the app's state)."""
+    app = build_app(ServerConfig(model=str(qwen3_dir), model_id=MODEL, parallel=2, ctx_size=512, **extra))
+    with running(app) as url:
+        wait_healthy(url)
+        yield url, app.state.inferno
 
 
 @pytest.fixture(scope="module")
 def server(qwen3_dir):
-    app = build_app(ServerConfig(model=str(qwen3_dir), model_id=MODEL, parallel=2, ctx_size=512))
-    with running(app) as url:
-        wait_healthy(url)
-        yield url, app.state.inferno
+    with serve(qwen3_dir) as served:
+        yield served
 
 
 @pytest.fixture
@@ -178,8 +182,7 @@ def test_a_server_killed_mid_reply_is_an_error_not_a_hang(browser, qwen3_dir):
 
 
 def test_an_api_key_is_asked_for(browser, qwen3_dir):
-    with serve(qwen3_dir, api_key="sekret") as url:
-        wait_healthy(url)
+    with serve(qwen3_dir, api_key="sekret") as (url, _):
         page = browser.new_page()
         asked = []
         page.on("dialog", lambda d: (asked.append(d.message), d.accept("sekret")))

@@ -228,10 +228,7 @@ class BatchEngine:
         """Queue texts to embed (engine.embed_ids's token ids): they run as prompts beside the
         generations, and each one's final event holds its vector (Event.embedding). The
         texts of one request count against the queue as a generation's sequences do."""
-        for i, ids in enumerate(prompts):
-            if len(ids) > self.ctx_size:
-                raise InfernoError(f"input {i} has {len(ids)} tokens, more than the context of "
-                                   f"{self.ctx_size} tokens per slot: shorten it", params=("input",))
+        embedding.check_lengths(prompts, self.ctx_size, f"the context of {self.ctx_size} tokens per slot")
         handle = Handle(self, len(prompts), loop)
         handle.prompt_tokens = sum(map(len, prompts))
         handle.sequences = embedding.sequences(prompts, embedder, self.engine.tokenizer, self.engine.eos,
