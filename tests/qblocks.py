@@ -3,8 +3,10 @@ a product with them must equal.
 
 Every byte of a block is random except its float16 scale fields, which are set to finite values
 (GGUF files hold no inf or NaN scales): random ones, zeros, the extremes of float16 (65504, the
-smallest normal and subnormal), negative mins. Quant bytes run through all 256 values, so every
-nibble and every sign occurs.
+smallest normal and subnormal), negative mins. MXFP4's scale byte e (2^(e - 128)) is set likewise,
+around 2^-5, a quarter at 2^-88 or 2^32 (not e 0, 1 or 255: scales so small that d dx is subnormal
+in the int16 kernels, or weights that overflow, are tests/test_quant.py's, on the decoders alone).
+Quant bytes run through all 256 values, so every nibble and every sign occurs.
 
 The reference for a product is the gguf package's dequantisation followed by a float64 matmul.
 With float32 activations a kernel agrees within float32 rounding: the error of each output,
@@ -18,7 +20,7 @@ scale dr. Such a product is pinned twice: to the reference run on the dequantise
 within float32 rounding as above; and to the reference on the float32 activations within what
 rounding them may cost, sum over the row of |w_i| d_i / 2 (each activation moves by at most
 half a step of its unit's last scale d). Products of the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0,
-Q5_1) may take int16 activations (ldot.py; the backends' int16_legacy), a scale per block of
+Q5_1, MXFP4) may take int16 activations (ldot.py; the backends' int16_legacy), a scale per block of
 32: pinned the same two ways, with that scale for d.
 
 The blocks are read-only, as the backends hand every weight to the kernels (simd's
@@ -45,6 +47,7 @@ F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": 
               "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 EXTREMES = np.array([0.0, 65504.0, -65504.0, 6.103515625e-05, 5.960464477539063e-08, -1.0],
                     dtype=np.float16)
+E8M0_EXTREMES = np.array([40, 160], dtype=np.uint8)  # MXFP4 scales 2^-88, 2^32
 
 
 def random_blocks(name: str, rows: int, cols: int, seed: int = 0, extremes: bool = True,
@@ -67,6 +70,12 @@ def random_blocks(name: str, rows: int, cols: int, seed: int = 0, extremes: bool
             pick = rng.random(nblocks) < 0.25
             field[pick] = rng.choice(EXTREMES, pick.sum())
         data[:, off:off + 2] = field.view(np.uint8).reshape(nblocks, 2)
+    if name == "MXFP4":  # the E8M0 byte e: 2^(e - 128), about 2^-5 (weights up to ~0.4)
+        e = np.clip(np.rint(rng.standard_normal(nblocks) * 2 + 123), 0, 255).astype(np.uint8)
+        if extremes:
+            pick = rng.random(nblocks) < 0.25
+            e[pick] = rng.choice(E8M0_EXTREMES, pick.sum())
+        data[:, 0] = e
     data = data.reshape(rows, qtype.row_bytes(cols))
     if readonly:
         data.flags.writeable = False

@@ -44,4 +44,4 @@ def test_the_two_codes_do_not_mix():
             _ = a != b
     assert {WeightKind.F16: "x"}[0] == "x"  # hashes as its int
     with pytest.raises(ValueError):
-        Q.linear_for(12)  # not a weight kind: refused before anything compiles
+        Q.linear_for(len(WeightKind))  # not a weight kind: refused before anything compiles

@@ -30,6 +30,10 @@ TABLE = [
     ("Q4_0", 1, WIDE, 0, False, "qkernels.matvec_rows"),  # legacy kinds in float32
     ("Q4_0", FEW_MAX, WIDE, 0, False, "qkernels.few_rows"),
     ("Q4_0", FEW_MAX + 1, WIDE, 0, False, "qkernels.prefill_rows"),
+    ("MXFP4", 1, WIDE, 1, True, "ldot.l_rows"),  # a legacy kind
+    ("MXFP4", LEGACY_FEW + 1, WIDE, 2, True, "lgemm.l_gemm"),
+    ("MXFP4", 1, WIDE, 1, False, "qkernels.matvec_rows"),  # no int8 rows: float32 unless int16
+    ("MXFP4", 512, WIDE, 0, False, "qkernels.prefill_rows"),
     ("Q4_K", 1, WIDE, 1, False, "qdot.k_rows"),
     ("Q6_K", 1, WIDE, 2, True, "qdot.k_rows"),  # the legacy flag is the legacy kinds' only
     ("Q5_K", 2, WIDE, 1, False, "qdot.k_few"),
@@ -123,12 +127,12 @@ def _direct(name, w, x, two):
     return out
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K", "Q6_K", "Q4_KX8", "BF16", "F32"])
+@pytest.mark.parametrize("kind", ["Q4_1", "MXFP4", "Q4_K", "Q6_K", "Q4_KX8", "BF16", "F32"])
 def test_the_backend_takes_the_tables_kernel(kind):
     """simd.linear's result for 1, a few and many rows equals, bit for bit, the kernel the table
     names for that product, called directly."""
     ops = SimdBackend()
-    if kind not in ("BF16", "F32") and (not ops.int8_activations or (kind == "Q4_1" and not ops._legacy)):
+    if kind not in ("BF16", "F32") and (not ops.int8_activations or (kind in ("Q4_1", "MXFP4") and not ops._legacy)):
         pytest.skip("this CPU takes these kinds' activations in float32")
     if kind == "F32":
         w = ops.weight(np.random.default_rng(5).standard_normal((48, WIDE)).astype(np.float32))

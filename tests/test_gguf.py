@@ -114,8 +114,8 @@ def _one_tensor_gguf(path, w: np.ndarray, qtype, raw: np.ndarray | None = None):
     (T.F32, 0.0), (T.F16, 1e-3), (T.BF16, 5e-3), (T.Q8_0, 1.5e-2), (T.Q5_0, 0.08),
     (T.Q5_1, 0.08), (T.Q4_0, 0.15), (T.Q4_1, 0.15), (T.MXFP4, 0.2)])
 def test_each_tensor_type_loads_in_hf_layout(qtype, tolerance, tmp_path):
-    """Matrices stay as stored (QuantTensor, or a read-only F32 view into the file); a type the
-    backends cannot multiply in place (MXFP4 here) is dequantised to float32 at load."""
+    """Matrices stay as stored (QuantTensor, or a read-only F32 view into the file), MXFP4 too;
+    a type the backends cannot multiply in place is dequantised to float32 at load (below)."""
     w = np.random.default_rng(0).standard_normal((48, 64)).astype(np.float32)  # [out, in]
     gf, info = _one_tensor_gguf(tmp_path / "one.gguf", w, qtype)
     assert info.type_id == qtype and info.hf_shape == (48, 64)
@@ -175,11 +175,13 @@ def test_qk_unpermutation_moves_whole_rows_of_blocks():
 
 def test_other_types_are_dequantised_with_one_notice(llama_dir, tmp_path, capsys):
     def types(name, w, i):
-        return T.MXFP4 if name.endswith("ffn_down.weight") else T.Q8_0 if w.ndim == 2 and w.shape[1] % 32 == 0 else T.F32
-    path = write_gguf(llama_dir, tmp_path / "mxfp4.gguf", types=types)
+        if name.endswith("ffn_down.weight"):
+            return T.IQ4_NL
+        return T.Q8_0 if w.ndim == 2 and w.shape[1] % 32 == 0 else T.F32
+    path = write_gguf(llama_dir, tmp_path / "iq4_nl.gguf", types=types)
     checkpoint = open_checkpoint(path)
     notice = capsys.readouterr().err.strip()
-    assert notice == (f"note: mxfp4.gguf: dequantised 2 MXFP4 tensor(s) to float32 at load; inferno "
+    assert notice == (f"note: iq4_nl.gguf: dequantised 2 IQ4_NL tensor(s) to float32 at load; inferno "
                       f"keeps F32, {', '.join(QTYPES)} as stored")
     down = checkpoint.tensors["model.layers.1.mlp.down_proj.weight"]
     assert isinstance(down, np.ndarray) and down.dtype == np.float32 and down.shape == (72, 96)

@@ -65,7 +65,7 @@ def test_gguf_experts_stay_as_stored(wide_qwen3moe_dir, tmp_path):
     assert "model.layers.1.mlp.gate_proj.weight" in tensors  # the dense layer between
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q6_K, T.MXFP4])
 @pytest.mark.parametrize("backend", ["simd", "pool"])
 def test_quantized_experts_match_the_dequantised_reference(wide_qwen3moe_dir, tmp_path, qtype, backend):
     """Float32 activations: within rounding of the dequantised model, prefill and decode."""

@@ -80,6 +80,78 @@ def test_dequant_rows_is_bit_exact(name):
     assert np.array_equal(out[:7], w.dequantize(2, 9))
 
 
+def _every_scale_byte(rows: int = 32) -> QuantTensor:
+    """MXFP4 blocks whose scale bytes run through all 256 values (e 0 and 1: subnormal scales;
+    from 250 on, weights of 12 that overflow to inf as gguf's do), random nibbles."""
+    data = np.random.default_rng(0).integers(0, 256, (rows * 8, 17), dtype=np.uint8)  # 8 blocks a row
+    data[:, 0] = np.resize(np.arange(256, dtype=np.uint8), rows * 8)
+    return QuantTensor("MXFP4", (rows, 256), data.reshape(rows, 8 * 17))
+
+
+def test_mxfp4_is_ggmls_e2m1_times_a_power_of_two():
+    """The reference (the gguf package) is ggml's MXFP4: weight j of a block is kvalues[q]
+    2^(e - 128), q the low nibble of byte 1 + j (the high one of byte 1 + j - 16 for j >= 16);
+    and the kernels' decoders give it bit for bit on every scale byte: the float32 kernels'
+    (dequant_rows) and the int16 kernels' (ldot: the table in int16, eight scales a vector)."""
+    import numba as nb
+    from inferno.backends.numba import ilanes, lanes
+
+    w = _every_scale_byte()
+    blocks = w.data.reshape(-1, 17)
+    q = np.concatenate([blocks[:, 1:] & 15, blocks[:, 1:] >> 4], axis=1)  # [blocks, 32] in order
+    kvalues = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float64)
+    with np.errstate(over="ignore"):
+        want = np.ldexp(kvalues[q], blocks[:, :1].astype(np.int64) - 128).astype(np.float32).reshape(w.shape)
+        got = w.dequantize()
+    assert np.isinf(want).any() and (np.abs(want[want != 0]) < np.finfo(np.float32).tiny).any()
+    np.testing.assert_array_equal(got, want)
+    out = np.full(w.shape, np.nan, dtype=np.float32)
+    Q.dequant_rows(int(WeightKind.MXFP4), w.data, out, 0, w.shape[0])
+    np.testing.assert_array_equal(out, want)
+
+    @nb.njit
+    def int16_decoders(f, scales, ints):
+        for b in range(256):
+            o = 17 * b
+            if b % 8 == 0:
+                eight = ilanes.e8m0vec8(f, o, o + 17, o + 34, o + 51, o + 68, o + 85, o + 102, o + 119)
+                ilanes.fstore8(scales, b, eight)
+            ilanes.vstore_i16(ints, 32 * b, ilanes.ifloat(ilanes.wfp4(f, o + 1, False)))
+            ilanes.vstore_i16(ints, 32 * b + 16, ilanes.ifloat(ilanes.wfp4(f, o + 1, True)))
+        return lanes.e8m0at(f, 17 * 255)
+
+    scales, ints = np.empty(256, np.float32), np.empty(256 * 32, np.int16)
+    last = int16_decoders(w.data.reshape(-1), scales, ints)
+    np.testing.assert_array_equal(scales, np.ldexp(1.0, np.arange(256) - 128).astype(np.float32))
+    assert last == np.float32(2.0 ** 127)
+    np.testing.assert_array_equal(ints, kvalues[q[:256]].reshape(-1))
+
+
+def test_mxfp4_from_hf_is_transformers_dequantisation():
+    """Hugging Face's gpt-oss layout (`*_blocks` [experts, out, in / 32, 16], `*_scales`
+    [experts, out, in / 32]) re-paired into ggml's blocks: the same values as transformers'
+    convert_moe_packed_tensors, on every scale byte and nibble (its -0.0 is ggml's +0)."""
+    torch = pytest.importorskip("torch")
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from inferno.formats.quant import mxfp4_from_hf
+
+    experts, out, groups = 2, 8, 16
+    rng = np.random.default_rng(1)
+    blocks = rng.integers(0, 256, (experts, out, groups, 16), dtype=np.uint8)
+    scales = rng.permutation(np.resize(np.arange(256, dtype=np.uint8), experts * out * groups))
+    scales = scales.reshape(experts, out, groups)
+    want = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+    want = want.transpose(1, 2).reshape(experts * out, groups * 32).numpy()  # [experts * out, in]
+    w = QuantTensor("MXFP4", (experts * out, groups * 32), mxfp4_from_hf(blocks, scales))
+    with np.errstate(over="ignore"):
+        got = w.dequantize()
+    assert np.isinf(want).any()
+    assert np.array_equal(got, want)  # (-0.0 == 0.0)
+    with pytest.raises(InfernoError, match="MXFP4 blocks"):
+        mxfp4_from_hf(blocks[..., :8], scales)
+
+
 def test_weight_keeps_the_blocks_in_place(ops):
     """A read-only view (a memory-mapped file) is used as is; a writable one gets a read-only
     view of the same memory, never a copy; float32 memmap-like views are not copied either."""

@@ -3,9 +3,9 @@ materialized reference: both loop variants, GQA 16:1, 16:2, 16:8 and 9:3, head d
 KV lengths on and around block edges, one and four new tokens, several split counts; then
 batches whose sequences read their own cache slots with their own lengths, sliding windows
 (keys older than the window are NaN: the kernel must never load them), a scale, and caches
-stored in another dtype than the queries. Outputs and the split kernel's partial buffers are
-filled with NaN before each run, so an element either kernel forgets to write fails the
-comparison."""
+stored in another dtype than the queries, and attention sinks (joined once per row by the
+merge, however many splits). Outputs and the split kernel's partial buffers are filled with
+NaN before each run, so an element either kernel forgets to write fails the comparison."""
 
 from __future__ import annotations
 
@@ -263,6 +263,74 @@ def test_cache_in_another_dtype(q_dtype, cache_dtype):
     assert got.dtype == q_dtype
     tol = 2e-5 if q_dtype == torch.float32 else 2e-2  # bf16 output rounding
     assert (got.double() - want).abs().max().item() < tol
+
+
+def sink_logits(n_heads, seed):
+    """A sink per head: none (-inf), zero, one larger than any score here (8), one that takes
+    nearly all the weight (1e4: the output ~0), the rest random."""
+    g = torch.Generator().manual_seed(seed)
+    sinks = torch.randn(n_heads, generator=g) * 2
+    sinks[:4] = torch.tensor([float("-inf"), 0.0, 8.0, 1e4])
+    return sinks
+
+
+SINK_CASES = [  # (n_heads, n_kv, head_dim, slots, kv_lens, n_new, window, splits)
+    (8, 2, 64, [1, 0], [300, 130], 1, 0, 3),  # the longer sequence in three splits
+    (8, 2, 64, [1, 0], [300, 130], 4, 70, 2),  # four new tokens, each with its own window start
+]
+
+
+@pytest.mark.parametrize("variant", td.VARIANTS)
+@pytest.mark.parametrize("n_heads,n_kv,head_dim,slots,kv_lens,n_new,window,splits", SINK_CASES)
+def test_sinks_match_reference(variant, n_heads, n_kv, head_dim, slots, kv_lens, n_new, window,
+                               splits):
+    """gpt-oss's sinks: one more column of each head's softmax, value 0, unscaled. The merge
+    adds it once per row, so a row cut into splits (or not) weighs it once: the reference's
+    answer either way, the sink-dominated head ~0."""
+    k, v = slotted_cache(2, 310, n_kv, head_dim, torch.float32, seed=9)
+    q = torch.randn(len(slots), n_new, n_heads * head_dim, generator=torch.Generator().manual_seed(7))
+    sinks = sink_logits(n_heads, seed=n_new)
+    want = td.reference_attention(q, k, v, kv_lens, n_heads, n_kv, head_dim, slots, window,
+                                  sinks=sinks)
+    assert want[..., 3 * head_dim:4 * head_dim].abs().max() < 1e-30  # the 1e4 sink's head
+    pk, pv = poisoned(k, v, slots, kv_lens, n_new, window)
+    out, plan = run_poisoned(q, pk, pv, kv_lens, n_heads, n_kv, head_dim, variant, splits,
+                             block_n=64, slots=slots, window=window, sinks=sinks)
+    assert plan.num_splits == splits
+    assert not torch.isnan(out).any()
+    assert (out.double() - want).abs().max().item() < 2e-5
+    one, _ = run_poisoned(q, pk, pv, kv_lens, n_heads, n_kv, head_dim, variant, 1, block_n=64,
+                          slots=slots, window=window, sinks=sinks)
+    assert torch.allclose(one, out, atol=1e-6)  # one split: the same sum
+
+
+def test_no_sinks_is_sinks_of_minus_inf():
+    """Without sinks the merge starts from -inf and 0, as a sink of -inf makes it: the same
+    bits, and the same as before there were sinks (the reference without them)."""
+    q, k, v = make_inputs(8, 2, 64, 300, 1, torch.float32, seed=11)
+    none, _ = run_poisoned(q, k, v, 300, 8, 2, 64, "serial", 3, block_n=64)
+    minus_inf, _ = run_poisoned(q, k, v, 300, 8, 2, 64, "serial", 3, block_n=64,
+                                sinks=torch.full((8,), float("-inf")))
+    assert torch.equal(none, minus_inf)
+    check(none, q, k, v, 300, 8, 2, 64)
+
+
+def test_sinks_from_device_memory():
+    """decode_attention_device takes the sinks too (the captured step's: a layer's weight)."""
+    n_heads, n_kv, head_dim, slots, kv_lens, window = 8, 2, 64, [2, 1], [129, 300], 100
+    k, v = slotted_cache(4, 310, n_kv, head_dim, torch.float32, seed=2)
+    q = torch.randn(len(slots), 1, n_heads * head_dim, generator=torch.Generator().manual_seed(2))
+    sinks = sink_logits(n_heads, seed=5)
+    want = td.reference_attention(q, k, v, kv_lens, n_heads, n_kv, head_dim, slots, window,
+                                  sinks=sinks)
+    pk, pv = poisoned(k, v, slots, kv_lens, 1, window)
+    out = td.decode_attention_device(q, pk, pv, torch.tensor(slots), torch.tensor(kv_lens),
+                                     n_heads, n_kv, head_dim, window=window, num_splits=4,
+                                     sinks=sinks)
+    assert (out.double() - want).abs().max().item() < 2e-5
+    with pytest.raises(ValueError, match="sinks"):
+        td.decode_attention(q, k, v, kv_lens, n_heads, n_kv, head_dim, slots=slots,
+                            sinks=sinks[:4])
 
 
 def test_window_sizes_the_splits():

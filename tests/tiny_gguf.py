@@ -15,14 +15,45 @@ import numpy as np
 
 ARCHS = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen3": gguf.MODEL_ARCH.QWEN3,
          "qwen2": gguf.MODEL_ARCH.QWEN2, "gemma3": gguf.MODEL_ARCH.GEMMA3,
-         "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}
+         "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "gpt-oss": gguf.MODEL_ARCH.GPT_OSS}
 
 
 def hf_arch_of(cfg: dict) -> str:
     first = cfg["architectures"][0]
     return next(a for p, a in (("Llama", "llama"), ("Mixtral", "llama"), ("Qwen2", "qwen2"),
-                               ("Gemma3", "gemma3"), ("Qwen3Moe", "qwen3moe"), ("Qwen3", "qwen3"))
+                               ("Gemma3", "gemma3"), ("Qwen3Moe", "qwen3moe"), ("Qwen3", "qwen3"),
+                               ("GptOss", "gpt-oss"))
                 if first.startswith(p))
+
+
+def gpt_oss_tensors(tensors: dict) -> dict:
+    """A gpt-oss folder's experts and sinks as llama.cpp's converter writes them
+    (conversion/gpt_oss.py): gate_up ([n_expert, hidden, 2 * inter], gate and up interleaved)
+    transposed and split into gate and up, down transposed, the biases split alike; sinks and
+    the router under their GGUF names. Everything else as it was."""
+    out = {}
+    for name, t in tensors.items():
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name)
+        i, rest = (m.group(1), m.group(2)) if m else (None, None)
+        blk = f"blk.{i}."
+        if rest == "mlp.experts.gate_up_proj":
+            t = t.swapaxes(-1, -2)  # [n_expert, 2 * inter, hidden]
+            out[blk + "ffn_gate_exps.weight"], out[blk + "ffn_up_exps.weight"] = t[:, 0::2], t[:, 1::2]
+        elif rest == "mlp.experts.gate_up_proj_bias":
+            out[blk + "ffn_gate_exps.bias"], out[blk + "ffn_up_exps.bias"] = t[:, 0::2], t[:, 1::2]
+        elif rest == "mlp.experts.down_proj":
+            out[blk + "ffn_down_exps.weight"] = t.swapaxes(-1, -2)
+        elif rest == "mlp.experts.down_proj_bias":
+            out[blk + "ffn_down_exps.bias"] = t
+        elif rest in ("mlp.router.weight", "mlp.router.bias"):
+            out[blk + "ffn_gate_inp." + rest.rsplit(".", 1)[1]] = t
+        elif rest == "self_attn.sinks":
+            out[blk + "attn_sinks.weight"] = t
+        elif rest == "post_attention_layernorm.weight":
+            out[blk + "post_attention_norm.weight"] = t
+        else:
+            out[name] = t
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
 # A folder's expert tensors, as the converter stacks them: (pattern, GGUF name of the stack).
@@ -123,14 +154,22 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
     w.add_rope_dimension_count(head_dim)
     rope = cfg.get("rope_parameters") or {}
     w.add_rope_freq_base(cfg.get("rope_theta") or rope.get("full_attention", rope)["rope_theta"])
-    if hf_arch == "gemma3":
+    if hf_arch in ("gemma3", "gpt-oss"):
         w.add_sliding_window(cfg["sliding_window"])
+    if rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope.get("beta_fast", 32.0))
+        w.add_rope_scaling_yarn_beta_slow(rope.get("beta_slow", 1.0))
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if cfg.get("moe_intermediate_size"):
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        elif hf_arch == "gpt-oss":
+            w.add_expert_feed_forward_length(cfg["intermediate_size"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if pooling is not None:
         w.add_pooling_type(gguf.PoolingType(pooling))
@@ -140,7 +179,8 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
     # gguf's qwen3moe table has no dense MLP (llama.cpp's qwen3moe has experts in every layer);
     # a dense layer between sparse ones takes qwen3's names, which inferno reads in either.
     dense = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, n_layers)
-    tensors = stack_experts(load_file(str(folder / "model.safetensors")))
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors = gpt_oss_tensors(tensors) if hf_arch == "gpt-oss" else stack_experts(tensors)
     for i, (hf_name, t) in enumerate(sorted(tensors.items())):
         t = t.astype(np.float32)
         name = hf_name if hf_name.startswith("blk.") else (
@@ -157,7 +197,7 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
             w.add_tensor(name, t)
         elif qtype == T.F16:
             w.add_tensor(name, t.astype(np.float16))
-        elif qtype in (T.Q8_1, T.Q8_K, T.I32):  # types gguf cannot quantise: zero bytes
+        elif qtype in (T.Q8_1, T.Q8_K, T.I32, T.IQ4_NL):  # types gguf cannot quantise: zero bytes
             w.add_tensor(name, np.zeros(gguf.quant_shape_to_byte_shape(t.shape, qtype), np.uint8),
                          raw_dtype=qtype)
         elif qtype in (T.Q4_K, T.Q5_K, T.Q6_K):  # nor these: random blocks (qblocks.py), not t

@@ -267,7 +267,7 @@ class Backend:
         """dst[start:start + len(src)] = src, in place (a batch's attention rows assembled)."""
         dst[start:start + src.shape[0]] = src
 
-    def moe(self, x, router, experts, top_k: int, norm_topk: bool):
+    def moe(self, x, router, experts, top_k: int, norm_topk: bool, biases=None, clamp=None):
         """A mixture-of-experts SwiGLU MLP over x [rows, hidden]. `router` [n_expert, hidden] scores
         the experts; each row takes the top_k by softmax over all of them (renormalised over the
         chosen with `norm_topk`), and its output is the sum, in the order of that ranking, of each
@@ -275,18 +275,30 @@ class Backend:
         each expert's matrix stacked by rows: [n_expert * inter, hidden] twice and
         [n_expert * hidden, inter]; expert e is rows e * out .. (e + 1) * out of each.
 
+        gpt-oss adds `biases`, this backend's tensors (router [1, n_expert], gate and up
+        [n_expert, inter], down [n_expert, hidden]: expert e's is row e), each added to its
+        matrix's product, and `clamp` (alpha, limit), its clamped SwiGLU in place of silu
+        (clamped_swiglu).
+
         Here, through this backend's own ops: the rows are grouped by expert, so each chosen
         expert's weights are read once for all the rows that chose it (expert_rows: views, no
         copy), and the routing runs on the host."""
         gate, up, down = experts
-        plan = ExpertPlan.route(self.to_numpy(self.linear(x, router)), top_k, norm_topk)
+        rb, gb, ub, db = biases if biases is not None else (None,) * 4
+        logits = self.linear(x, router)
+        plan = ExpertPlan.route(self.to_numpy(logits if rb is None else self.add(logits, rb)), top_k, norm_topk)
         inter, hidden = check_experts(plan.n_experts, gate, up, down)
         xs = self.take_rows(x, plan.tokens)  # [rows * top_k, hidden], grouped by expert
         ys = []
         for e, a, b in plan.groups():
             h = self.rows(xs, a, b)
             g, u = self.linear_many(h, [expert_rows(gate, e, inter), expert_rows(up, e, inter)])
-            ys.append(self.to_numpy(self.linear(self.silu_mul(g, u), expert_rows(down, e, hidden))))
+            if gb is not None:
+                g, u = self.add(g, self.rows(gb, e, e + 1)), self.add(u, self.rows(ub, e, e + 1))
+            act = self.silu_mul(g, u) if clamp is None else self.from_numpy(
+                clamped_swiglu(self.to_numpy(g), self.to_numpy(u), *clamp))
+            y = self.linear(act, expert_rows(down, e, hidden))
+            ys.append(self.to_numpy(y if db is None else self.add(y, self.rows(db, e, e + 1))))
         return self.from_numpy(plan.combine(np.concatenate(ys)))
 
     # -- the KV cache ---------------------------------------------------------------------------
@@ -316,7 +328,8 @@ class Backend:
 
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
-                                causal: bool, window: int = 0, scale: float | None = None):
+                                causal: bool, window: int = 0, scale: float | None = None,
+                                sinks=None):
         """softmax(scale * q k^T) v per head, streaming K/V in tiles of TILE keys with an online
         softmax: never more than one tile of scores per query row.
 
@@ -326,28 +339,36 @@ class Backend:
         after a cache works unchanged. A sliding `window` (causal only; 0: none) keeps the
         window newest of those, keys p - window < j <= p, as transformers and llama.cpp do.
         `scale` defaults to 1 / sqrt(head_dim).
+
+        `sinks` (gpt-oss's attention sinks: this backend's tensor of n_heads float32 logits, or
+        None) adds one column per head to every row's softmax, then drops it: head h's weights
+        are exp(s_j) / (sum_j exp(s_j) + exp(sinks[h])), so a row's weights sum to less than one.
+        A sink is a logit as it stands (no `scale`); -inf is no sink.
         """
-        return online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, window, scale)
+        return online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, window, scale,
+                                        sinks=sink_logits(self, sinks))
 
     def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
-                         head_dim: int, window: int = 0, scale: float | None = None):
+                         head_dim: int, window: int = 0, scale: float | None = None, sinks=None):
         """One decode step for a batch of sequences, each against its own cache slot.
 
         q [B, n_heads * head_dim]: row b is the newest token of the sequence in cache slot
         slots[b]; its K/V are already written at position kv_lens[b] - 1, so it attends to that
         slot's keys max(0, kv_lens[b] - window) .. kv_lens[b] - 1 (window 0: all of them).
-        `scale` multiplies the scores (None: 1/sqrt(head_dim)). The cache is read in place.
+        `scale` multiplies the scores (None: 1/sqrt(head_dim)); `sinks` join each head's softmax
+        as flash_attention_prefill says. The cache is read in place.
         slots and kv_lens are host integers or index tensors (indices); a backend reads the
         latter without a host round trip and checks only what it can see without one.
         Returns [B, n_heads * head_dim] float32."""
         check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
         out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)
+        sinks = sink_logits(self, sinks)
         for b, (slot, kv_len) in enumerate(zip(slots, kv_lens)):
             start = max(0, kv_len - window) if window else 0
             k = self.read_kv(k_buf, int(slot), start, int(kv_len))  # [kv_len - start, width]
             v = self.read_kv(v_buf, int(slot), start, int(kv_len))
             out[b:b + 1] = online_softmax_attention(q[b:b + 1], k, v, n_heads, n_kv_heads,
-                                                    head_dim, True, scale=scale)
+                                                    head_dim, True, scale=scale, sinks=sinks)
         return out
 
     # -- the materialized reference's parts (MATERIALIZED_PARTS) -----------------------------
@@ -378,10 +399,13 @@ class Backend:
         return dst
 
     def materialized_attention(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
-                               causal: bool, window: int = 0, scale: float | None = None):
+                               causal: bool, window: int = 0, scale: float | None = None,
+                               sinks=None):
         """The textbook path, per head: scores = q k^T, scale, mask, softmax, @ v, all through
-        this backend's own ops. The reference flash is pinned to; `--flash off` runs it."""
+        this backend's own ops. The reference flash is pinned to; `--flash off` runs it.
+        A head's sink is one more column of its scores, softmaxed with them and dropped."""
         check_window(causal, window)
+        sinks = sink_logits(self, sinks)
         seq_q, seq_k = q.shape[0], k.shape[0]
         offset = seq_k - seq_q  # query row r sits at position offset + r
         group = n_heads // n_kv_heads
@@ -401,7 +425,14 @@ class Backend:
                 old = self.fill_strict_upper_tri(self.transpose_2d(scores), -math.inf,
                                                  offset=window - offset - 1)  # [seq_k, seq_q]
                 scores = self.transpose_2d(old)
-            ctx = self.matmul(self.softmax_rows(scores), v_h)  # [seq_q, head_dim]
+            if sinks is None:
+                p = self.softmax_rows(scores)
+            else:  # [scores | sink], softmaxed, the sink's column dropped
+                wide = self.copy_2d_into_cols(self.zeros(seq_q, seq_k + 1), scores, 0)
+                column = self.from_numpy(np.full((seq_q, 1), sinks[h], np.float32))
+                p = self.copy_2d_from_cols(self.softmax_rows(self.copy_2d_into_cols(wide, column, seq_k)),
+                                           seq_k, 0)
+            ctx = self.matmul(p, v_h)  # [seq_q, head_dim]
             out = self.copy_2d_into_cols(out, ctx, h * head_dim)
         return out
 
@@ -468,6 +499,16 @@ class ExpertPlan:
         return out
 
 
+def clamped_swiglu(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's expert activation, float32: (up + 1) * g * sigmoid(alpha * g), where g is the
+    gate clamped to at most `limit` and up is clamped to +-limit (transformers' GptOssExperts)."""
+    g = np.minimum(gate, np.float32(limit))
+    u = np.clip(up, np.float32(-limit), np.float32(limit))
+    with np.errstate(over="ignore"):  # a very negative gate: exp overflows to inf, g / inf = 0
+        sig = g / (np.float32(1) + np.exp(-np.float32(alpha) * g))
+    return ((u + np.float32(1)) * sig).astype(np.float32)
+
+
 def check_top_k(top_k: int, n_experts: int) -> None:
     if not 1 <= top_k <= n_experts:
         raise ValueError(f"top_k must be between 1 and the {n_experts} experts, got {top_k}")
@@ -529,8 +570,13 @@ def check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
                              f"({n_slots} slots of {capacity} positions)")
 
 
+def sink_logits(backend, sinks) -> np.ndarray | None:
+    """A backend's sinks tensor as float32 numpy [n_heads], None for none."""
+    return None if sinks is None else np.asarray(backend.to_numpy(sinks), np.float32).reshape(-1)
+
+
 def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, window=0,
-                             scale=None, tile=TILE):
+                             scale=None, tile=TILE, sinks=None):
     """Flash attention in numpy, vectorised over heads and a block of query rows.
 
     Walks query blocks of `tile` rows and, for each, key tiles of `tile` keys. Per query row it
@@ -538,6 +584,8 @@ def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, win
     rescales l and acc by exp(m_old - m_new). Causal attention and the sliding window are loop
     bounds at tile level (a block visits only keys from its first row's oldest visible key to
     its last row's diagonal) plus an in-tile mask on the tiles that cross either edge.
+    `sinks` (float32 [n_heads] or None) start each head's running max at its sink, with a sum
+    of one: the sink's column, seen before any key.
     """
     seq_q, seq_k = q.shape[0], k.shape[0]
     offset = seq_k - seq_q  # bottom-right causal alignment: row r sits at position offset + r
@@ -553,6 +601,9 @@ def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, win
         qb = qh[:, :, q0:q1] * np.float32(score_scale(head_dim, scale))  # [n_kv, group, bq, hd]
         m = np.full(qb.shape[:-1] + (1,), -np.inf, dtype=np.float32)
         l = np.zeros_like(m)
+        if sinks is not None:
+            m[...] = sinks.reshape(n_kv_heads, group, 1, 1)
+            l[...] = np.where(m == -np.inf, np.float32(0), np.float32(1))
         acc = np.zeros(qb.shape, dtype=np.float32)
         k_start = max(0, offset + q0 - window + 1) if window else 0  # the block's oldest key
         k_end = offset + q1 if causal else seq_k  # the block's last row sees keys < k_end

@@ -50,7 +50,9 @@ GGML_TYPES = {
 #   Q5_1  f16 d, f16 m, 4 bytes of 5th bits, 16 bytes of nibbles
 #   Q4_K  f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 of nibbles; Q5_K: plus 32 of 5th bits
 #   Q6_K  128 low nibbles, 64 of 2-bit highs, 16 int8 scales, f16 d
-KEPT = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+#   MXFP4 E8M0 e, 16 bytes of E2M1 nibbles as Q4_0's; weight = kvalues[q] 2^(e - 128), kvalues
+#         the E2M1 values doubled (ggml's kvalues_mxfp4, GGML_E8M0_TO_FP32_HALF: e 0 and 1 subnormal)
+KEPT = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 _BY_NAME = {name: (i, block, size) for i, (name, block, size) in GGML_TYPES.items()}
 QTYPES = {name: QType(name, *_BY_NAME[name]) for name in KEPT}
 QTYPES_BY_ID = {q.ggml_id: q for q in QTYPES.values()}
@@ -108,6 +110,34 @@ class QuantTensor:
         r1 = self.shape[0] if r1 is None else r1
         out = dequantize(self.data[r0:r1], self.qtype.ggml_id)
         return np.asarray(out, dtype=np.float32).reshape(r1 - r0, self.shape[1])
+
+
+def mxfp4_from_hf(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Hugging Face's MXFP4 experts (gpt-oss: `*_blocks` uint8 [..., out, in / 32, 16] and
+    `*_scales` uint8 [..., out, in / 32]) as ggml's MXFP4 rows, uint8 [rows, in / 32 * 17], rows
+    the product of the leading dims: a QuantTensor("MXFP4", (rows, in), ...)'s data.
+
+    Only the nibbles move: transformers' byte j holds elements 2j (low) and 2j + 1 (high), ggml's
+    elements j and j + 16. The scale byte is kept: transformers' value lut[q] 2^(s - 127) (lut
+    the E2M1 values 0 .. 6) is ggml's kvalues[q] 2^(s - 128), kvalues = 2 lut. (lut's -0.0 reads
+    back as ggml's +0.)"""
+    blocks, scales = np.asarray(blocks, np.uint8), np.asarray(scales, np.uint8)
+    if blocks.ndim < 3 or blocks.shape[-1] != 16 or blocks.shape[:-1] != scales.shape:
+        raise InfernoError(f"MXFP4 blocks [..., out, in / 32, 16] and scales [..., out, in / 32] "
+                           f"expected, got {list(blocks.shape)} and {list(scales.shape)}")
+    *lead, groups, _ = blocks.shape
+    rows = int(np.prod(lead))
+    q = np.stack([blocks & 15, blocks >> 4], axis=-1).reshape(rows, groups, 32)  # in order
+    out = np.empty((rows, groups, 17), np.uint8)  # [rows, blocks, 17]
+    out[..., 0] = scales.reshape(rows, groups)
+    out[..., 1:] = q[..., :16] | (q[..., 16:] << 4)
+    return out.reshape(rows, groups * 17)
+
+
+def as_float32(t) -> np.ndarray:
+    """A weight as float32 numpy: a QuantTensor dequantised (small ones: biases a 16-bit file
+    keeps as matrices), anything else converted."""
+    return t.dequantize() if isinstance(t, QuantTensor) else np.asarray(t, np.float32)
 
 
 QUANTIZERS = ("q8_0", "q4_0")

@@ -70,10 +70,21 @@ def qkv(seed, seq_q, seq_k, n_heads, n_kv_heads, head_dim):
     return q, k, v
 
 
-def materialized_reference(q, k, v, n_heads, n_kv_heads, head_dim, causal, window=0, scale=None):
+def random_sinks(n_heads: int, seed: int) -> np.ndarray:
+    """Attention sinks for a test: random logits, head 0's -inf (no sink), and +5 on every third
+    head from head 1, which outweigh the keys."""
+    sinks = rand(n_heads, seed=seed, scale=2.0)
+    sinks[0], sinks[1::3] = -np.inf, 5.0
+    return sinks
+
+
+def materialized_reference(q, k, v, n_heads, n_kv_heads, head_dim, causal, window=0, scale=None,
+                           sinks=None):
     """The textbook path from the cpu backend's ops, per head: scores = q k^T, scale, mask
     (causal bottom-right aligned: query row i at position p = seq_k - seq_q + i sees keys
-    p - window < j <= p), softmax, @ v. The mask is built here, not with the op under test."""
+    p - window < j <= p), softmax, @ v. The mask is built here, not with the op under test.
+    `sinks` (float32 [n_heads]): head h's sink is one more column of its scores, softmaxed with
+    them and dropped (transformers' gpt-oss eager attention)."""
     seq_q, seq_k = q.shape[0], k.shape[0]
     group = n_heads // n_kv_heads
     pos = np.arange(seq_q)[:, None] + (seq_k - seq_q)  # each query row's position
@@ -88,7 +99,11 @@ def materialized_reference(q, k, v, n_heads, n_kv_heads, head_dim, causal, windo
         scores = REF.matmul(q_h, REF.transpose_2d(k_h))
         scores = REF.scale(scores, 1.0 / math.sqrt(head_dim) if scale is None else scale)
         scores = np.where(hidden, np.float32(-np.inf), scores)
-        out = REF.copy_2d_into_cols(out, REF.matmul(REF.softmax_rows(scores), v_h), h * head_dim)
+        if sinks is None:
+            p = REF.softmax_rows(scores)
+        else:
+            p = REF.softmax_rows(np.concatenate([scores, np.full((seq_q, 1), sinks[h], np.float32)], 1))[:, :-1]
+        out = REF.copy_2d_into_cols(out, REF.matmul(p, v_h), h * head_dim)
     return out
 
 
@@ -165,14 +180,16 @@ def poison_unread(backend, bufs, width, slots, kv_lens, window):
                 backend.write_kv(buf, slot, 0, backend.rows(nan, 0, n - window))
 
 
-def decode_reference(backend, q, k_buf, v_buf, slots, kv_lens, h, kv, hd, window=0, scale=None):
+def decode_reference(backend, q, k_buf, v_buf, slots, kv_lens, h, kv, hd, window=0, scale=None,
+                     sinks=None):
     """Each row on its own: the textbook attention over the rows its slot holds, read back
-    through the backend (read_kv), so a narrow cache type's rounding is in the reference too."""
+    through the backend (read_kv), so a narrow cache type's rounding is in the reference too.
+    `sinks` (float32 [h] or None) as materialized_reference takes them."""
     rows = []
     for b, (slot, n) in enumerate(zip(slots, kv_lens)):
         k = host(backend, backend.read_kv(k_buf, slot, 0, n))
         v = host(backend, backend.read_kv(v_buf, slot, 0, n))
-        rows.append(materialized_reference(q[b:b + 1], k, v, h, kv, hd, True, window, scale))
+        rows.append(materialized_reference(q[b:b + 1], k, v, h, kv, hd, True, window, scale, sinks))
     return np.concatenate(rows)
 
 

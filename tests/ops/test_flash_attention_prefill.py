@@ -15,7 +15,9 @@ gpu runs torch's fused scaled_dot_product_attention here (its default prefill pa
 from __future__ import annotations
 
 import pytest
-from ops.helpers import NUMBA, check_attention, qkv, window_tests
+import numpy as np
+from ops.helpers import (NUMBA, assert_close, assert_exact, call, check_attention, materialized_reference,
+                         qkv, random_sinks, window_tests)
 
 GPU = True
 FLASH = "flash_attention_prefill"
@@ -62,6 +64,27 @@ def test_gemma3_geometry_and_window(backend, seq_q, seq_k):
 @pytest.mark.parametrize("causal,window", [(True, 0), (False, 0), (True, 9)])
 def test_scale(backend, causal, window):
     check(backend, 5, 70, 75, 9, 3, 64, causal, window, 0.3)
+
+
+# -- attention sinks (gpt-oss) ----------------------------------------------------------------------
+@pytest.mark.parametrize("seq_q,seq_k,geometry,causal,window,scale", [
+    (17, 17, (4, 2, 32), True, 0, None), (65, 200, (9, 3, 64), True, 0, None),
+    (70, 75, (9, 3, 64), False, 0, 0.3), (64, 130, (8, 2, 128), True, 5, None),
+    (130, 800, (4, 1, 256), True, 0, None)], ids=str)
+def test_flash_prefill_sinks(backend, seq_q, seq_k, geometry, causal, window, scale):
+    """One sink logit per query head joins each row's softmax (head 0's -inf: none; +5s that
+    outweigh the keys), over GQA, a chunk after a cache, a window, a scale (not applied to the
+    sinks) and simd's second query block. On the Numba kernels all -inf is today's result bit
+    for bit: one compiled kernel serves both."""
+    h, kv, hd = geometry
+    q, k, v = qkv(seq_q + seq_k, seq_q, seq_k, h, kv, hd)
+    sinks = random_sinks(h, seed=seq_q)
+    want = materialized_reference(q, k, v, h, kv, hd, causal, window, scale, sinks)
+    assert_close(call(backend, FLASH, q, k, v, h, kv, hd, causal, window, scale, sinks), want)
+    if backend.name in ("simd", "pool"):
+        none = np.full(h, -np.inf, np.float32)
+        assert_exact(call(backend, FLASH, q, k, v, h, kv, hd, causal, window, scale, none),
+                     call(backend, FLASH, q, k, v, h, kv, hd, causal, window, scale))
 
 
 # -- the query blocks of long prompts (simd and pool) ---------------------------------------------

@@ -106,8 +106,29 @@ def test_legacy_kinds_with_and_without_int16_activations(backend, name, int16, r
 
 
 @pytest.mark.backends(*NUMBA)
+@pytest.mark.parametrize("int16", [False, True])
+@pytest.mark.parametrize("batch", [1, 3, 20, 512])
+def test_mxfp4_with_and_without_int16_activations(backend, int16, batch, monkeypatch):
+    """MXFP4 (gpt-oss's experts), a legacy kind: decode, a few rows and a prefill, through the
+    float32 kernels (matvec_rows, few_rows, dequantised tiles) or in int16 (l_rows, lgemm's
+    GEMM), with scales from 2^-88 to 2^32 (qblocks.py), a zero block and a lone spike."""
+    monkeypatch.setattr(backend, "int8_activations", int16)
+    monkeypatch.setattr(backend, "int16_legacy", int16)
+    w = random_blocks("MXFP4", 37, 32 * 9, seed=batch, readonly=True)
+    rng = np.random.default_rng(batch)
+    x = rng.standard_normal((batch, w.shape[1]), dtype=np.float32)
+    x[0, :32] = 0.0  # dx = 0: every qx 0
+    x[-1, w.shape[1] // 2] = 1e5
+    got = backend.linear(x, backend.weight(w))
+    if int16:
+        assert_int16_close(got, x, w)
+    else:
+        assert_rounding_close(got, x, w)
+
+
+@pytest.mark.backends(*NUMBA)
 @pytest.mark.parametrize("name,outliers", [("Q4_K", False), ("Q4_K", True), ("Q5_K", False), ("Q5_K", True),
-                                           ("Q6_K", False), ("Q6_K", True)] + [(k, False) for k in LEGACY])
+                                           ("Q6_K", False), ("Q6_K", True)] + [(k, False) for k in LEGACY + ["MXFP4"]])
 def test_int8_rows_do_not_depend_on_their_batch(backend, name, outliers, monkeypatch):
     """With int8 activations (the K-quants) or int16 (the legacy kinds) a row's product is the
     same alone (decode), among a few (a batched step) and among many (a prefill), up to float32

@@ -10,7 +10,8 @@ window geometries up to Gemma 3 270M's 4:1 at head dim 256, and a scale of the m
 from __future__ import annotations
 
 import pytest
-from ops.helpers import check_attention, window_tests
+from ops.helpers import (assert_close, call, check_attention, materialized_reference, qkv, random_sinks,
+                         window_tests)
 
 MATERIALIZED = "materialized_attention"
 
@@ -32,3 +33,16 @@ test_sliding_window_prefill, test_sliding_window_chunk_after_cache, test_window_
 @pytest.mark.parametrize("causal,window", [(True, 0), (False, 0), (True, 9)])
 def test_scale(backend, causal, window):
     check(backend, 5, 70, 75, 9, 3, 64, causal, window, 0.3)
+
+
+@pytest.mark.parametrize("seq_q,seq_k,geometry,causal,window,scale", [
+    (17, 22, (9, 3, 64), True, 0, None), (70, 75, (9, 3, 64), False, 0, 0.3),
+    (65, 129, (4, 1, 256), True, 64, None)], ids=str)
+def test_sinks(backend, seq_q, seq_k, geometry, causal, window, scale):
+    """gpt-oss's attention sinks: one more column per head's scores, softmaxed and dropped
+    (head 0's -inf: none; +5s that outweigh the keys)."""
+    h, kv, hd = geometry
+    q, k, v = qkv(seq_q + seq_k, seq_q, seq_k, h, kv, hd)
+    sinks = random_sinks(h, seed=seq_q)
+    want = materialized_reference(q, k, v, h, kv, hd, causal, window, scale, sinks)
+    assert_close(call(backend, MATERIALIZED, q, k, v, h, kv, hd, causal, window, scale, sinks), want)

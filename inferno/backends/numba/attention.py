@@ -29,7 +29,7 @@ def query_block(seq_k):
 
 
 @jit
-def flash_head(q, k, v, out, h, kv_h, head_dim, causal, window, scale):
+def flash_head(q, k, v, out, h, kv_h, head_dim, causal, window, scale, sinks):
     """Flash attention for query head h over KV head kv_h, written into out's columns for h.
 
     Walks blocks of query rows (query_block); for each, tiles of TILE keys. A tile's scores are
@@ -39,6 +39,11 @@ def flash_head(q, k, v, out, h, kv_h, head_dim, causal, window, scale):
     the sliding window are loop bounds: a block visits keys from its first row's oldest visible
     key (position - window + 1) to its last row's diagonal (bottom-right aligned, seq_k - seq_q
     rows of offset); inside the edge tiles a row's hidden scores get -inf.
+
+    `sinks` (float32 [n_heads]; base.Backend.flash_attention_prefill): head h's sink starts each
+    row's running max m, with a running sum l of 1, as a column seen before any key. It is always
+    an array (-inf: no sink), so one compiled kernel serves models with sinks and without; a
+    sink of -inf starts m = -inf, l = 0, as a kernel without sinks would, and changes no bit.
     """
     seq_q, seq_k = q.shape[0], k.shape[0]
     off = seq_k - seq_q
@@ -65,11 +70,12 @@ def flash_head(q, k, v, out, h, kv_h, head_dim, causal, window, scale):
     m = np.empty(qb, np.float32)
     l = np.empty(qb, np.float32)  # running denominators
     corr = np.empty(qb, np.float32)
+    sink = sinks[h]
     for q0 in range(0, seq_q, qb):
         q1 = min(q0 + qb, seq_q)
         bq = q1 - q0
-        m[:bq] = -np.inf
-        l[:bq] = 0.0
+        m[:bq] = sink  # the sink's column, seen first: it adds exp(sink - m) = 1 to l
+        l[:bq] = 0.0 if sink == -np.inf else 1.0
         acc[:bq] = 0.0
         k_start = max(0, off + q0 - window + 1) if window > 0 else 0  # the block's oldest key
         k_end = min(off + q1, seq_k) if causal else seq_k  # keys the block's last row sees
@@ -112,7 +118,7 @@ def flash_head(q, k, v, out, h, kv_h, head_dim, causal, window, scale):
 
 # -- serial drivers (the simd backend) -----------------------------------------------------------
 @jit
-def flash_heads(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale):
+def flash_heads(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale, sinks):
     group = n_heads // n_kv_heads
     for h in range(n_heads):
-        flash_head(q, k, v, out, h, h // group, head_dim, causal, window, scale)
+        flash_head(q, k, v, out, h, h // group, head_dim, causal, window, scale, sinks)

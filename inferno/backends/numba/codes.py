@@ -53,6 +53,7 @@ class WeightKind(Code):
     Q6_K = 9
     Q4_KX8 = 10  # Q4_K repacked into panels of eight rows (kpanels.py)
     F32 = 11  # a float32 matrix, not a QuantTensor (fdot.py reads it as bytes, as F16's)
+    MXFP4 = 12  # read as a legacy kind (ldot.py): Q4_0's nibbles, a table, a power-of-two scale
 
     @classmethod
     def of(cls, w: QuantTensor) -> WeightKind:

@@ -11,7 +11,7 @@ and `legacy`, whether the legacy kinds take theirs as int16 rows. The answer (`k
 
     weight, activations          1 row              2 .. rows           many rows
     F32, F16, BF16 weights       fdot.f_rows (any number of rows: one order, one kernel)
-    legacy kind, int16 rows      ldot.l_rows (up to LEGACY_FEW)   ->   lgemm.l_gemm
+    legacy kind, int16 rows      ldot.l_rows (up to LEGACY_FEW)   ->   lgemm.l_gemm   (MXFP4 is one)
     K-quant, int8 rows           qdot.k_rows        qdot.k_few     ->   qgemm.k_gemm (GEMM_MIN)
     Q4_K in panels (Q4_KX8)      kpanels.p_rows                    ->   kpanels.p_gemm (GEMM_MIN)
     quantized, float32 rows      qkernels.matvec_rows  few_rows    ->   prefill_rows (past FEW_MAX:
@@ -35,7 +35,8 @@ from inferno.backends.numba import ldot, qgemm
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.kpanels import PanelTensor
 
-F16, BF16, _, _, _, _, _, Q4_K, Q5_K, Q6_K, Q4_KX8, F32 = map(int, WeightKind)
+F16, BF16, Q4_K, Q5_K, Q6_K, Q4_KX8, F32 = (int(WeightKind[k]) for k in
+                                         ("F16", "BF16", "Q4_K", "Q5_K", "Q6_K", "Q4_KX8", "F32"))
 
 # The kernels, by line of the table above.
 L_ROWS, L_GEMM, K_ROWS, K_FEW, K_GEMM, P_ROWS, P_GEMM, F_ROW, F_FEW, F_TILES, F_DOT = range(11)

@@ -28,7 +28,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from inferno.backends.numba.lanes import _VF, _address, _exact_fma, f32x16, kscale_bytes
+from inferno.backends.numba.lanes import _VF, _address, _exact_fma, e8m0_bits, f32x16, fp4_values, kscale_bytes
 
 _I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()
@@ -515,10 +515,9 @@ hload = _vector_load("hload", i16x16, _I16, 16, 2, "The 16 int16 f[o:o + 16] of 
 zhload = _vector_load("zhload", i16x32, _I16, 32, 2, "The 32 int16 f[o:o + 32] of an int16 array.")
 
 
-@intrinsic
-def wnib(typingctx, f, o, high):
-    """The 16 bytes f[o:o + 16]'s low nibbles (high nibbles if the literal `high`) as int16: half
-    of a legacy 4-bit block's weights, in order (Q4_0, Q4_1: weight i low, i + 16 high)."""
+def _nibbles(high, fp4: bool):
+    """The codegen of 16 bytes' low nibbles (high ones if the literal `high`) as 16 int16 lanes:
+    the nibbles themselves, or (`fp4`) MXFP4's values for them (lanes.MXFP4_VALUES[q])."""
     if not isinstance(high, types.BooleanLiteral):
         return None
     hi = high.literal_value
@@ -527,8 +526,23 @@ def wnib(typingctx, f, o, high):
         half = ir.VectorType(_I8, 16)
         b = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I8, 16), align=1)
         b = builder.lshr(b, _const(half, 4)) if hi else builder.and_(b, _const(half, 15))
-        return builder.zext(b, _W)
-    return i16x16(f, types.intp, high), codegen
+        return builder.sext(fp4_values(builder, b), _W) if fp4 else builder.zext(b, _W)
+    return codegen
+
+
+@intrinsic
+def wnib(typingctx, f, o, high):
+    """The 16 bytes f[o:o + 16]'s low nibbles (high nibbles if the literal `high`) as int16: half
+    of a legacy 4-bit block's weights, in order (Q4_0, Q4_1: weight i low, i + 16 high)."""
+    codegen = _nibbles(high, fp4=False)
+    return None if codegen is None else (i16x16(f, types.intp, high), codegen)
+
+
+@intrinsic
+def wfp4(typingctx, f, o, high):
+    """wnib's nibbles of an MXFP4 block as its weights' integers, lanes.MXFP4_VALUES[q] (-12..12)."""
+    codegen = _nibbles(high, fp4=True)
+    return None if codegen is None else (i16x16(f, types.intp, high), codegen)
 
 
 @intrinsic
@@ -628,6 +642,18 @@ def f16vec8(typingctx, f, o0, o1, o2, o3, o4, o5, o6, o7):
             p = _address(context, builder, sig.args[0], args[0], o, ir.HalfType(), 1)
             v = builder.insert_element(v, builder.load(p, align=1), ir.Constant(_I32, i))
         return builder.fpext(v, _F8)
+    return f32x8(f, *([types.intp] * 8)), codegen
+
+
+@intrinsic
+def e8m0vec8(typingctx, f, o0, o1, o2, o3, o4, o5, o6, o7):
+    """f16vec8 for MXFP4's scales: 2^(f[o_i] - 128) (lanes.e8m0_bits) as one f32x8, o0's in lane 0."""
+    def codegen(context, builder, sig, args):
+        v = ir.Constant(_D, ir.Undefined)
+        for i, o in enumerate(args[1:]):
+            e = builder.load(_address(context, builder, sig.args[0], args[0], o, _I8, 1), align=1)
+            v = builder.insert_element(v, builder.zext(e, _I32), ir.Constant(_I32, i))
+        return builder.bitcast(e8m0_bits(builder, v), _F8)
     return f32x8(f, *([types.intp] * 8)), codegen
 
 

@@ -325,7 +325,7 @@ def most_splits(kv_lens, window, min_keys):
     return n
 
 
-def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, job,
                min_keys, part_acc, part_m, part_l):
     """One job of a decode step: row b, split `split` of the keys it attends
     (max(0, kv_len - window) .. kv_len - 1, cut into row_splits of them contiguous ranges of
@@ -333,22 +333,26 @@ def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads,
     Leaves each head's unnormalised accumulator, running max m and running sum l in part_acc
     [B, n_heads, n_splits, hd], part_m, part_l [B, n_heads, n_splits]; merge_parts combines the
     splits. An empty split leaves m = -inf, l = 0, acc = 0. Each cache type compiles its own
-    loops (the kind a literal, as qkernels.rows_kernel does)."""
+    loops (the kind a literal, as qkernels.rows_kernel does).
+    `sinks` (float32 [n_heads], -inf where a head has none; base.Backend.decode_attention): head
+    h's sink joins split 0 alone, as the column its keys follow (m starts at the sink, l at 1),
+    so the merge counts it once per row and head. Always an array (-inf: none), so one compiled
+    kernel serves models with sinks and without."""
     raise TypeError("decode_job runs in jitted code only")
 
 
 @overload(decode_job, prefer_literal=True, jit_options=dict(fastmath=FAST))
-def _decode_job_of(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+def _decode_job_of(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, job,
                    min_keys, part_acc, part_m, part_l):
     """The literal kind's loops alone (decode_all_for, the pool's _decode_for; see
     qkernels.rows_kernel's overload)."""
     if isinstance(kind, types.IntegerLiteral):
         code = kind.literal_value
 
-        def one_kind(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+        def one_kind(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, job,
                      min_keys, part_acc, part_m, part_l):
-            _decode_job(code, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
-                        min_keys, part_acc, part_m, part_l)
+            _decode_job(code, q, k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
+                        job, min_keys, part_acc, part_m, part_l)
         return one_kind
 
     raise TypingError("decode_job needs its cache kind as a compile-time constant: call "
@@ -356,7 +360,7 @@ def _decode_job_of(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_he
 
 
 @jit
-def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, job,
+def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, job,
                 min_keys, part_acc, part_m, part_l):
     """Tile by tile of keys, head by head: the head's scores over the tile (each key slice
     converted in registers and dotted with the query in 16-lane vectors), the online softmax,
@@ -386,6 +390,10 @@ def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads
     acc = np.zeros(n_heads * hd, np.float32)
     m = np.full(n_heads, -np.inf, np.float32)
     l = np.zeros(n_heads, np.float32)
+    if split == 0:  # the sinks, once per row: split 0 is never empty (it holds the oldest key)
+        for h in range(n_heads):
+            m[h] = sinks[h]  # -inf (no sink) keeps m = -inf, l = 0: the same bits as without
+            l[h] = 0.0 if sinks[h] == -np.inf else 1.0
     for t0 in range(lo, hi, rows):
         n = min(rows, hi - t0)
         base = row0 + t0 * rb
@@ -398,7 +406,7 @@ def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads
             for j in range(n):
                 shifted[j] = sr[j] - mx
             exp_into(shifted, sr, bits, n)  # sr now holds probabilities
-            corr = np.float32(math.exp(m[h] - mx))  # 0 on the first tile (m = -inf)
+            corr = np.float32(math.exp(m[h] - mx))  # 0 on the first tile without a sink (m = -inf)
             total = np.float32(0.0)
             for j in range(n):
                 total += sr[j]
@@ -416,7 +424,8 @@ def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads
 def merge_parts(part_acc, part_m, part_l, out):
     """out[b, head h] = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp(m_s - max_s m_s): the splits
     of each (sequence, head) combined. Split 0 holds the head's oldest visible key, so the max
-    is finite; an empty split has m = -inf and weight 0."""
+    is finite; an empty split has m = -inf and weight 0. A head's sink is in split 0's m and l
+    (decode_job): it joins here once, with that split's weight."""
     batch, n_heads, n_splits, hd = part_acc.shape
     w = np.empty(n_splits, np.float32)
     for b in range(batch):
@@ -445,13 +454,13 @@ def alloc_parts(batch, n_heads, n_splits, head_dim):
 
 
 @jit
-def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, min_keys):
+def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, min_keys):
     """Every job of a decode step one after another, then the merge (the simd backend):
     q [B, n_heads * head_dim] -> [B, n_heads * head_dim]."""
     n_splits = most_splits(kv_lens, window, min_keys)
     part_acc, part_m, part_l = alloc_parts(q.shape[0], q.shape[1] // head_dim, n_splits, head_dim)
     for job in range(q.shape[0] * n_splits):
-        decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
+        decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
                    job, min_keys, part_acc, part_m, part_l)
     out = np.empty_like(q)
     merge_parts(part_acc, part_m, part_l, out)
@@ -461,11 +470,12 @@ def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads,
 @functools.cache
 def decode_all_for(kind: CacheKind):
     """`decode_all` compiled for one cache kind alone (see qkernels.linear_for): (q, k_raw,
-    v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, min_keys)."""
+    v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, min_keys)."""
     kind = int(CacheKind(kind))  # the closure's literal
 
     @jit
-    def decode_all_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, min_keys):
-        return decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
-                          min_keys)
+    def decode_all_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
+                        min_keys):
+        return decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads,
+                          head_dim, min_keys)
     return jitcache.lazy(decode_all_kind)

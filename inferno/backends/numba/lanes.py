@@ -369,6 +369,63 @@ def vnibhi(typingctx, f, o, shift, oh, hshift, hmask, bias):
     return f32x16(f, types.intp, shift, types.intp, hshift, hmask, bias), codegen
 
 
+# ggml's kvalues_mxfp4: the E2M1 values doubled, by nibble (sign in bit 3), so that they are
+# integers; an MXFP4 block's scale 2^(e - 128) carries the halving (e8m0_bits).
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+def _pshufb() -> bool:
+    """Whether the code Numba compiles targets x86 with SSSE3 (pshufb: a 16-entry byte table)."""
+    from numba.core import config
+    from numba.core.codegen import get_host_cpu_features
+
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return "+ssse3" in features.split(",")
+
+
+def fp4_values(builder, nibbles):
+    """MXFP4_VALUES[n] for 16 nibbles n (<16 x i8>, 0..15), as <16 x i8>: one pshufb on x86,
+    elsewhere a select per table entry (correct, not fast)."""
+    table = ir.Constant(ir.VectorType(_I8, 16), list(MXFP4_VALUES))
+    if _pshufb():
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(table.type, [table.type] * 2),
+                                            "llvm.x86.ssse3.pshuf.b.128")
+        return builder.call(fn, [table, nibbles])
+    out = ir.Constant(table.type, [0] * 16)
+    for n, v in enumerate(MXFP4_VALUES):
+        hit = builder.icmp_unsigned("==", nibbles, ir.Constant(table.type, [n] * 16))
+        out = builder.select(hit, ir.Constant(table.type, [v] * 16), out)
+    return out
+
+
+def e8m0_bits(builder, e):
+    """The float32 bits of an MXFP4 scale 2^(e - 128) for e (i32 or a vector of i32, 0..255):
+    ggml's GGML_E8M0_TO_FP32_HALF and the gguf package's e8m0_to_fp32_half, e 0 and 1 subnormal
+    (0x00200000 << e), e 255 2^127."""
+    c = lambda v: ir.Constant(e.type, [v] * e.type.count if isinstance(e.type, ir.VectorType) else v)  # noqa: E731
+    return builder.select(builder.icmp_unsigned("<", e, c(2)), builder.shl(c(0x00200000), e),
+                          builder.shl(builder.sub(e, c(1)), c(23)))
+
+
+@intrinsic
+def e8m0at(typingctx, f, o):
+    """The MXFP4 scale whose E8M0 byte is f[o], as float32: 2^(f[o] - 128) (e8m0_bits)."""
+    def codegen(context, builder, sig, args):
+        e = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I8, 1), align=1)
+        return builder.bitcast(e8m0_bits(builder, builder.zext(e, _I32)), _F32)
+    return types.float32(f, types.intp), codegen
+
+
+@intrinsic
+def vfp4(typingctx, f, o, shift):
+    """16 MXFP4 weights' integers: MXFP4_VALUES[(f[o + lane] >> shift) & 15], as float32 (shift
+    0: the low nibbles, weights 0-15 of the block; 4: the high ones, 16-31)."""
+    def codegen(context, builder, sig, args):
+        n = builder.trunc(_nibbles(context, builder, sig, args), ir.VectorType(_I8, LANES))
+        return builder.sitofp(fp4_values(builder, n), _VF)
+    return f32x16(f, types.intp, shift), codegen
+
+
 def kscale_bytes(context, builder, sig, args):
     """The 8 scales and 8 mins of a Q4_K/Q5_K super-block, 6 bits each, packed in the 12 bytes
     f[o:o + 12] (args: f, o), as <16 x i8> (ggml's get_scale_min_k4, as its AVX2 code unpacks

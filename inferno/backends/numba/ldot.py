@@ -1,4 +1,4 @@
-"""Matvecs of the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) against int16 activations, where a
+"""Matvecs of the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4) against int16 activations, where a
 float32 vector is eight lanes wide (x86 without AVX-512), or where VNNI runs a prefill's products
 of the same int16 rows (lgemm.py).
 
@@ -19,7 +19,8 @@ largest value: as close as the two int8 rows, in one product.
 A block, weight = d q + m, against x' = dx qx:
   d dx (q . qx)  +  m (the sum of x' over the block),
 q as stored (Q8_0: signed bytes, m = 0; Q4_0: 0..15, m = -8 d; Q4_1: 0..15, m its own; Q5_0:
-0..31, m = -16 d; Q5_1: 0..31). The integer dot product is exact (|q qx| < 2^22, 32 of them), so
+0..31, m = -16 d; Q5_1: 0..31; MXFP4: its nibble through a table, -12..12, d = 2^(e - 128),
+m = 0). The integer dot product is exact (|q qx| < 2^22, 32 of them), so
 a row's result equals the dequantised weights times x' up to float32 rounding.
 
 Decode and a few rows run here (l_rows), a prefill's rows through lgemm's GEMM, in one order of
@@ -41,16 +42,16 @@ from numba.extending import register_jitable
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dense import FAST
 from inferno.backends.numba.ilanes import (
-    f16vec8, fload8, fma8, fmul8, fsplat8, fstore8, fzero8, hload, iadd, ifloat, isums8, maddwd,
-    target_features, vamax2, vrint, vstore_i16, wadd, wbits, wbytes, wnib, wsub_const,
+    e8m0vec8, f16vec8, fload8, fma8, fmul8, fsplat8, fstore8, fzero8, hload, iadd, ifloat, isums8, maddwd,
+    target_features, vamax2, vrint, vstore_i16, wadd, wbits, wbytes, wfp4, wnib, wsub_const,
 )
-from inferno.backends.numba.lanes import f16at, prefetch, vload, vmul, vsplat, vsum
+from inferno.backends.numba.lanes import e8m0at, f16at, prefetch, vload, vmul, vsplat, vsum
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 
-LEGACY_KINDS = frozenset(WeightKind[k] for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"))
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 = (int(WeightKind[k]) for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"))
+LEGACY_KINDS = frozenset(WeightKind[k] for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"))
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4 = (int(WeightKind[k]) for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"))
 QMAX = np.float32(32767.0)
 
 
@@ -65,7 +66,7 @@ def eight_lane_floats() -> bool:
 def legacy(kind):
     """Whether kind is one of this module's (plain Python where Python calls it, compiled into
     the jitted callers)."""
-    return kind >= Q8_0 and kind <= Q5_1
+    return (kind >= Q8_0 and kind <= Q5_1) or kind == MXFP4
 
 
 # -- the activations ----------------------------------------------------------------------------------
@@ -105,6 +106,8 @@ def quantized(x):
 def block(kind, f, o):
     """The block at byte o: (lo, hi, d, m), its 32 weights d q + m with q as two runs of 16 int16
     in weight order."""
+    if kind == MXFP4:  # e, then Q4_0's nibbles, each an index into lanes.MXFP4_VALUES
+        return wfp4(f, o + 1, False), wfp4(f, o + 1, True), e8m0at(f, o), np.float32(0.0)
     d = f16at(f, o)
     if kind == Q8_0:
         return wbytes(f, o + 2, True), wbytes(f, o + 18, True), d, np.float32(0.0)
@@ -163,7 +166,9 @@ def pass_rows(r, last, rb):
 @inline
 def scales(kind, f, o0, o1, o2, o3, o4, o5, o6, o7):
     """(d, m) of the eight blocks at bytes o0..o7, each an f32x8 (m zero but for Q4_1 and
-    Q5_1, whose m is the half after d)."""
+    Q5_1, whose m is the half after d; MXFP4's d from its E8M0 byte)."""
+    if kind == MXFP4:
+        return e8m0vec8(f, o0, o1, o2, o3, o4, o5, o6, o7), fzero8()
     d = f16vec8(f, o0, o1, o2, o3, o4, o5, o6, o7)
     if offset(kind):
         return d, f16vec8(f, o0 + 2, o1 + 2, o2 + 2, o3 + 2, o4 + 2, o5 + 2, o6 + 2, o7 + 2)

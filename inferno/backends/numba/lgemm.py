@@ -1,4 +1,4 @@
-"""Prefill's products of the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with int16 activations: a
+"""Prefill's products of the legacy kinds (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4) with int16 activations: a
 GEMM on panels of sixteen weight rows interleaved by pairs, for more than a few activation rows
 wherever the backends take these kinds as int16 (where the machine has VNNI, `FAST`, one
 vpdpwssd a step; elsewhere vpmaddwd and an add).
@@ -16,8 +16,9 @@ with int8 activations: built, measured, dropped") says what that costs the logit
 Panel layout, per block g (32 weights) of sixteen rows, in bytes (uint8 scratch):
   pq: [16 steps][2 halves][8 rows][2 int16]: row 8h + i's weights 2t and 2t + 1 of the block
       at 64 (16 g + t) + 32 h + 4 i: Q8_0's q as stored, Q4_0's q - 8 and Q5_0's q - 16 (their
-      offsets taken into the integers, exactly), Q4_1's and Q5_1's q as stored (0..15, 0..31);
-  pd: float32 [blocks][16]: each row's d;
+      offsets taken into the integers, exactly), Q4_1's and Q5_1's q as stored (0..15, 0..31),
+      MXFP4's its table's values (-12..12: ldot.block);
+  pd: float32 [blocks][16]: each row's d (MXFP4's 2^(e - 128));
   pm: float32 [blocks][16]: Q4_1's and Q5_1's offsets m (the others have none left).
 Step t of a block loads the sixteen rows' pairs (one 64-byte load) and meets activation pair t,
 broadcast to all sixteen lanes, in one vpdpwssd: sixteen rows' partial dot products in int32.

@@ -102,20 +102,20 @@ def _fill_upper(x, value, offset, out, chunks):
 
 
 @nb.njit(parallel=True, cache=True)
-def _flash(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale):
+def _flash(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale, sinks):
     group = n_heads // n_kv_heads
     for h in nb.prange(n_heads):  # one job per head
         # (np.int64: a prange's index is unsigned inside the parallel region, signed where Numba
         # first types the loop; the callee would compile for both)
-        A.flash_head(q, k, v, out, np.int64(h), h // group, head_dim, causal, window, scale)
+        A.flash_head(q, k, v, out, np.int64(h), h // group, head_dim, causal, window, scale, sinks)
 
 
 @nb.njit(parallel=True, cache=True)
-def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, min_keys):
+def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, min_keys):
     n_splits = KV.most_splits(kv_lens, window, min_keys)
     part_acc, part_m, part_l = KV.alloc_parts(q.shape[0], q.shape[1] // head_dim, n_splits, head_dim)
     for job in nb.prange(q.shape[0] * n_splits):  # (row, range of its keys)
-        KV.decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim,
+        KV.decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
                       np.int64(job), min_keys, part_acc, part_m, part_l)  # (np.int64: see _flash)
     out = np.empty_like(q)
     KV.merge_parts(part_acc, part_m, part_l, out)  # on the calling thread, after the jobs
@@ -128,8 +128,9 @@ def _decode_for(kind: CacheKind):
     kind = int(CacheKind(kind))  # the closure's literal
 
     @nb.njit(cache=True, nogil=True)
-    def decode_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, n_kv_heads, head_dim, min_keys):
-        return _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, n_kv_heads, head_dim, min_keys)
+    def decode_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, min_keys):
+        return _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
+                       min_keys)
     return jitcache.lazy(decode_kind)
 
 

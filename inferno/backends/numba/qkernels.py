@@ -23,8 +23,9 @@ The backends call the drivers through `linear_for`, `linear_par_for` and `linear
 each compiled for the kinds it is given (see there): a model compiles and loads only its own.
 
 Exactness: a group's products s * q are exact in float32 (an 11-bit half times integers of at
-most 7 + 6 bits), so dequantised weights equal the gguf package's bit for bit, and the dot
-products differ from a float32 matmul of those weights only by summation order.
+most 7 + 6 bits; MXFP4's power of two times integers of 4 bits), so dequantised weights equal the
+gguf package's bit for bit, and the dot products differ from a float32 matmul of those weights
+only by summation order.
 
 Numba's own cache is keyed on a file's stamp alone (an edit to lanes.py, ilanes.py or qdot.py
 would leave this file's machine code stale); jitcache.py keys inferno's kernel cache on every
@@ -54,14 +55,14 @@ from inferno.backends.numba.dense import FAST
 from inferno.errors import InfernoError
 from inferno.formats.quant import QTYPES, QUANTIZERS, QuantTensor
 from inferno.backends.numba.lanes import (
-    f16at, f16bits, prefetch, stack_f32, u32at, vadd, vbf16, vf16, vfma, vhalves, vi8, vkscales,
-    vload, vmul, vnib, vnib5, vnibhi, vsplat, vstore, vsum, vzero,
+    e8m0at, f16at, f16bits, prefetch, stack_f32, u32at, vadd, vbf16, vf16, vfma, vfp4, vhalves, vi8,
+    vkscales, vload, vmul, vnib, vnib5, vnibhi, vsplat, vstore, vsum, vzero,
 )
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 
 # The weight kinds as the kernels branch on them: plain ints (codes.py says why).
-F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8, F32 = map(int, WeightKind)
+F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8, F32, MXFP4 = map(int, WeightKind)
 
 # Activation rows from which the parallel drivers quantize them on every thread (a prefill's 512
 # rows took 0.3-2 ms a call on one, serial before each product; a decode row stays on one thread,
@@ -73,12 +74,12 @@ PASS_ROWS = lgemm.PANELS * lgemm.ROWS
 
 # -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
 K_GROUPS = 8
-UNIT_BYTES = (64, 64, 34, 18, 20, 22, 24, 144, 176, 210, 144, 128)  # per kernel code: F16 .. Q4_KX8, F32
+UNIT_BYTES = (64, 64, 34, 18, 20, 22, 24, 144, 176, 210, 144, 128, 17)  # per kernel code: F16 .. F32, MXFP4
 
 
 @jit
 def unit_groups(kind):
-    return K_GROUPS if kind >= Q4_K else 1
+    return K_GROUPS if kind >= Q4_K and kind <= Q4_KX8 else 1
 
 
 @jit
@@ -91,6 +92,8 @@ def unit_scales(kind, f, o, sm):
         vstore(sm, 0, vmul(vi8(f, o + 192), vsplat(f16at(f, o + 208))))
     elif kind == F16 or kind == BF16:
         sm[0], sm[8] = 1.0, 0.0
+    elif kind == MXFP4:  # an E8M0 byte: 2^(e - 128), times the table's integers (unit_q)
+        sm[0], sm[8] = e8m0at(f, o), 0.0
     else:
         d = f16at(f, o)
         sm[0] = d
@@ -143,6 +146,8 @@ def unit_q(kind, f, o, j):
         ql, qh, shift = o + 64 * h + 32 * (t & 1), o + 128 + 32 * h, (t >> 1) * 4
         return (vnibhi(f, ql, shift, qh, 2 * t, 3, 32),
                 vnibhi(f, ql + 16, shift, qh + 16, 2 * t, 3, 32))
+    if kind == MXFP4:  # E8M0 e, 16 bytes of nibbles as Q4_0's, each an index into a table
+        return vfp4(f, o + 1, 0), vfp4(f, o + 1, 4)
     if kind == F16:
         return vf16(f, o), vf16(f, o + 32)
     return vbf16(f, o), vbf16(f, o + 32)  # BF16
@@ -624,7 +629,7 @@ def _legacy_kinds_only(stub, kernel):
         if not isinstance(kind, types.IntegerLiteral):
             raise TypingError(f"{stub.__name__} needs its kind as a compile-time constant")
         code = kind.literal_value
-        if code in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1):
+        if ldot.legacy(code):
             def one_kind(kind, w, x16, dx, xs, out, r0, r1):
                 kernel(code, w, x16, dx, xs, out, r0, r1)
         else:

@@ -15,6 +15,7 @@ and x @ w_t measured within 2%), so loading converts nothing.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from inferno.backends.numba import kv_kernels as KV
 from inferno.backends.numba import qkernels as Q
 from inferno.backends.numba import experts as E
 from inferno.backends.base import (Backend, ExpertPlan, check_decode, check_experts, check_prefill,
-                                   check_top_k, score_scale)
+                                   check_top_k, clamped_swiglu, score_scale, sink_logits)
 from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba.ilanes import fast_int_dot
 from inferno.backends.numba import ldot, lgemm
@@ -218,16 +219,20 @@ class SimdBackend(Backend):
         Q.legacy_gemm_for(WeightKind.of(w))(w.data, *xq, out)
         return out
 
-    def moe(self, x, router, experts, top_k: int, norm_topk: bool):
+    def moe(self, x, router, experts, top_k: int, norm_topk: bool, biases=None, clamp=None):
         """The reference's plan (base.ExpertPlan, routed and combined in experts.py's jitted
         copies of its arithmetic), its experts' matrices multiplied in two calls for the whole
         step (experts.py): gate and up, then down. Float32 experts take the
-        reference's loop over experts (a linear per expert: fdot.py)."""
+        reference's loop over experts (a linear per expert: fdot.py). gpt-oss's biases are added
+        to each group's rows by expert, its clamped SwiGLU is base.clamped_swiglu."""
         if not all(isinstance(w, QuantTensor) for w in experts):
-            return super().moe(x, router, experts, top_k, norm_topk)
+            return super().moe(x, router, experts, top_k, norm_topk, biases, clamp)
         gate, up, down = experts
+        rb, gb, ub, db = biases if biases is not None else (None,) * 4
         x = contiguous(x)
         logits = self.linear(x, router)  # [rows, n_experts]
+        if rb is not None:
+            logits = logits + rb
         check_top_k(top_k, logits.shape[1])
         plan = ExpertPlan.of(logits.shape[1], *E.route(logits, top_k, norm_topk))
         inter, hidden = check_experts(plan.n_experts, gate, up, down)
@@ -236,9 +241,15 @@ class SimdBackend(Backend):
         n = xs.shape[0]
         g, u = np.empty((n, inter), np.float32), np.empty((n, inter), np.float32)
         self._experts(gate, up, xs, g, u, plan, max(self._int8_mode(gate), self._int8_mode(up)))
-        act = self.silu_mul(g, u)  # [n, inter]
+        expert = None if biases is None else np.repeat(plan.experts, np.diff(plan.starts))  # each row's
+        if expert is not None:
+            g += gb[expert]
+            u += ub[expert]
+        act = self.silu_mul(g, u) if clamp is None else clamped_swiglu(g, u, *clamp)  # [n, inter]
         y = np.empty((n, hidden), np.float32)
         self._experts(down, None, act, y, np.empty((n, 0), np.float32), plan, self._int8_mode(down))
+        if expert is not None:
+            y += db[expert]
         return E.combine(y, plan.weights, plan.position)
 
     def _experts(self, w0, w1, x, out0, out1, plan: ExpertPlan, mode: int) -> None:
@@ -313,17 +324,19 @@ class SimdBackend(Backend):
 
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
-                                causal: bool, window: int = 0, scale: float | None = None):
+                                causal: bool, window: int = 0, scale: float | None = None,
+                                sinks=None):
         q, k, v = contiguous(q), contiguous(k), contiguous(v)
         check_prefill(causal, window, q.shape[0], k.shape[0])
         out = np.empty((q.shape[0], n_heads * head_dim), dtype=np.float32)  # [seq_q, nh * hd]
         keys = min(k.shape[0], window) if window else k.shape[0]  # keys per query, about
         self._flash(q.shape[0] * keys * n_heads * head_dim, q, k, v, out, n_heads, n_kv_heads,
-                    head_dim, bool(causal), int(window), score_scale(head_dim, scale))
+                    head_dim, bool(causal), int(window), score_scale(head_dim, scale),
+                    sink_row(self, sinks, n_heads))
         return out
 
     def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
-                         head_dim: int, window: int = 0, scale: float | None = None):
+                         head_dim: int, window: int = 0, scale: float | None = None, sinks=None):
         check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
         if cache_types.width_of(k_buf) != n_kv_heads * head_dim:
             raise ValueError(f"a cache of {cache_types.width_of(k_buf)} features does not hold "
@@ -336,11 +349,13 @@ class SimdBackend(Backend):
         lens = np.ascontiguousarray(kv_lens, dtype=np.int64)  # the model's own arrays: no copy
         if lens.size == 0:
             return np.empty((0, n_heads * head_dim), np.float32)
+        sinks = sink_row(self, sinks, n_heads)
         keys = np.minimum(lens, window) if window else lens  # each row's keys
         run = self._decode_kernel(kind, int(keys.sum()) * n_heads * head_dim)
         return run(contiguous(q), k_buf.view(np.uint8), v_buf.view(np.uint8),
                    np.ascontiguousarray(slots, dtype=np.int64), lens, int(window),
-                   score_scale(head_dim, scale), n_kv_heads, head_dim, self.decode_min_keys)  # [B, nh * hd]
+                   score_scale(head_dim, scale), sinks, n_kv_heads, head_dim,
+                   self.decode_min_keys)  # [B, nh * hd]
 
     def _flash(self, work: int, *args) -> None:
         """Flash prefill of every head (`work`: query x key x head x head_dim products). Here
@@ -351,6 +366,25 @@ class SimdBackend(Backend):
         """What runs a decode step's jobs over a cache of `kind` (`work`: key x head x head_dim
         products): here every job in turn."""
         return KV.decode_all_for(kind)
+
+
+def sink_row(backend, sinks, n_heads: int) -> np.ndarray:
+    """`sinks` as the attention kernels take them: float32 [n_heads], -inf for None (no sink).
+    Always an array, so one compiled kernel serves models with sinks and without (a kernel
+    compiled for None as well would double its cold compile time)."""
+    if sinks is None:
+        return no_sinks(n_heads)
+    row = contiguous(sink_logits(backend, sinks))
+    if row.shape != (n_heads,):  # the kernels index it without bounds checks
+        raise ValueError(f"sinks must hold one logit per query head ({n_heads}), got {row.shape[0]}")
+    return row
+
+
+@functools.cache
+def no_sinks(n_heads: int) -> np.ndarray:
+    """All -inf, one array per head count (the kernels only read it): a step without sinks
+    allocates nothing for them."""
+    return np.full(n_heads, -np.inf, np.float32)
 
 
 def check_rows(buf, slot: int, start: int, stop: int, width: int | None = None) -> None:

@@ -217,16 +217,19 @@ class TorchBackend(Backend):
     def silu_mul(self, gate, up):
         return F.silu(gate) * up
 
-    def moe(self, x, router, experts, top_k: int, norm_topk: bool):
+    def moe(self, x, router, experts, top_k: int, norm_topk: bool, biases=None, clamp=None):
         """The reference's algorithm on the device: softmax in float32, top-k (ties to the lower
         expert, as torch.topk breaks them), the rows grouped by expert (one host sync for the
-        group sizes), one F.linear per chosen expert and matrix, choices added in rank order."""
+        group sizes), one F.linear per chosen expert and matrix, choices added in rank order.
+        gpt-oss's biases and clamped SwiGLU as base.Backend.moe says."""
         gate, up, down = experts
+        rb, gb, ub, db = biases if biases is not None else (None,) * 4
         n = router.shape[0]
         if not 1 <= top_k <= n:
             raise ValueError(f"top_k must be between 1 and the {n} experts, got {top_k}")
         inter, hidden = check_experts(n, gate, up, down)
-        probs = torch.softmax(F.linear(x, router).float(), dim=-1)  # [rows, n]
+        logits = F.linear(x, router)
+        probs = torch.softmax((logits if rb is None else logits + rb).float(), dim=-1)  # [rows, n]
         weights, chosen = torch.topk(probs, top_k, dim=-1)  # [rows, top_k], best first
         if norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
@@ -238,9 +241,10 @@ class TorchBackend(Backend):
         for e, count in enumerate(torch.bincount(flat, minlength=n).tolist()):
             if count:
                 at, h = order[start:start + count], x[tokens[start:start + count]]
-                g = F.linear(h, gate[e * inter:(e + 1) * inter])
-                u = F.linear(h, up[e * inter:(e + 1) * inter])
-                y[at] = F.linear(F.silu(g) * u, down[e * hidden:(e + 1) * hidden])
+                g = F.linear(h, gate[e * inter:(e + 1) * inter], None if gb is None else gb[e])
+                u = F.linear(h, up[e * inter:(e + 1) * inter], None if ub is None else ub[e])
+                act = F.silu(g) * u if clamp is None else clamped_swiglu(g, u, *clamp)
+                y[at] = F.linear(act, down[e * hidden:(e + 1) * hidden], None if db is None else db[e])
                 start += count
         y = y.reshape(x.shape[0], top_k, hidden)
         weights = weights.to(x.dtype)
@@ -301,18 +305,20 @@ class TorchBackend(Backend):
 
     # -- attention ------------------------------------------------------------------------------
     def flash_attention_prefill(self, q, k, v, n_heads: int, n_kv_heads: int, head_dim: int,
-                                causal: bool, window: int = 0, scale: float | None = None):
+                                causal: bool, window: int = 0, scale: float | None = None,
+                                sinks=None):
         """Not flash: materialized scores for every head at once (see the module docstring)."""
-        return materialized_gqa(q, k, v, n_heads, n_kv_heads, head_dim, causal, window, scale)
+        return materialized_gqa(q, k, v, n_heads, n_kv_heads, head_dim, causal, window, scale,
+                                sinks=sinks)
 
     def decode_attention(self, q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
-                         head_dim: int, window: int = 0, scale: float | None = None):
+                         head_dim: int, window: int = 0, scale: float | None = None, sinks=None):
         """One sequence at a time, each over its own slot's window of keys, read in place; with
         index tensors, the whole batch at once over its slots' every position, masked
         (masked_decode: no host round trip)."""
         if isinstance(kv_lens, torch.Tensor):
             return masked_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim,
-                                 window, scale)
+                                 window, scale, sinks=sinks)
         check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads, n_kv_heads, head_dim, window)
         out = torch.empty(q.shape[0], n_heads * head_dim, dtype=q.dtype, device=q.device)
         for b, (slot, kv_len) in enumerate(zip(slots, kv_lens)):
@@ -320,18 +326,29 @@ class TorchBackend(Backend):
             k = self.read_kv(k_buf, int(slot), start, int(kv_len))  # [kv_len - start, width]
             v = self.read_kv(v_buf, int(slot), start, int(kv_len))
             out[b:b + 1] = materialized_gqa(q[b:b + 1], k, v, n_heads, n_kv_heads, head_dim,
-                                            True, scale=scale)
+                                            True, scale=scale, sinks=sinks)
         return out
 
 
+def sink_softmax(scores, sinks=None):
+    """softmax over the last dimension of float32 scores, with `sinks` (None: none), a tensor
+    that broadcasts to scores[..., :1] (each row's head's sink), as one more column of every
+    row, softmaxed with it and dropped: the contract's definition as it stands (a sink of
+    -inf adds exp(-inf) = 0)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    column = sinks.to(dtype=torch.float32).expand(scores.shape[:-1] + (1,))
+    return torch.softmax(torch.cat((scores, column), dim=-1), dim=-1)[..., :-1]
+
 
 def masked_decode(q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int, head_dim: int,
-                  window: int = 0, scale: float | None = None):
+                  window: int = 0, scale: float | None = None, sinks=None):
     """Decode attention for a batch whose slots and lengths are index tensors, without reading
     them on the host: each sequence's slot is gathered whole (every position of the cache's
     capacity) and the positions past its length, or older than its window, are masked. Work
     and bytes grow with the capacity, not the lengths: the torch backend's way of keeping the
-    step free of host values (the gpu backend's kernel reads only the keys each length needs)."""
+    step free of host values (the gpu backend's kernel reads only the keys each length needs).
+    `sinks` as the backend's decode_attention takes them (sink_softmax)."""
     batch, capacity = q.shape[0], k_buf.shape[1]
     group = n_heads // n_kv_heads
     keys = torch.arange(capacity, device=q.device)
@@ -343,20 +360,22 @@ def masked_decode(q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int
     qh = q.reshape(batch, n_kv_heads, group, head_dim)  # [B, n_kv, group, hd]
     scores = torch.matmul(qh, k.permute(0, 2, 3, 1)).float() * score_scale(head_dim, scale)
     scores = scores.masked_fill(hidden[:, None, None, :], -math.inf)  # [B, n_kv, group, capacity]
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    column = None if sinks is None else sinks.reshape(n_kv_heads, group, 1)
+    probs = sink_softmax(scores, column).to(v.dtype)
     ctx = torch.matmul(probs, v.reshape(batch, capacity, n_kv_heads, head_dim).transpose(1, 2))
     return ctx.reshape(batch, n_heads * head_dim)  # [B, n_kv, group, hd] -> [B, nh * hd]
 
 
 def materialized_gqa(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, causal: bool,
-                     window: int = 0, scale: float | None = None):
+                     window: int = 0, scale: float | None = None, sinks=None):
     """softmax(scale * q k^T) v with the scores materialized, heads batched by KV head.
 
     q [seq_q, n_heads * head_dim]; k, v [seq_k, n_kv_heads * head_dim]. The query heads of one
     KV head are stacked into one matrix, so each KV head is one matmul against its K without
     copying K per query head. Causal is bottom-right aligned: query row i, at position
     p = (seq_k - seq_q) + i, sees keys 0..p, and with a window only p - window < j <= p. Rows
-    are taken in chunks so the scores stay under SCORE_BYTES.
+    are taken in chunks so the scores stay under SCORE_BYTES. `sinks` (a tensor [n_heads], or
+    None) join each head's softmax as one more column (sink_softmax).
     """
     seq_q, seq_k = q.shape[0], k.shape[0]
     offset = seq_k - seq_q
@@ -376,7 +395,12 @@ def materialized_gqa(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, caus
         hidden = band_mask(q0, q1, seq_k, offset, causal, window, q.device)  # [rows, seq_k]
         if hidden is not None:
             scores = scores.masked_fill(hidden.repeat(group, 1), -math.inf)
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        if sinks is None:
+            probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        else:  # as [n_kv, group, rows, seq_k]: each head's rows take its sink
+            probs = sink_softmax(scores.reshape(n_kv_heads, group, rows, seq_k),
+                                 sinks.reshape(n_kv_heads, group, 1, 1))
+            probs = probs.reshape(n_kv_heads, group * rows, seq_k).to(v.dtype)
         ctx = torch.bmm(probs, vh)  # [n_kv, group * rows, hd]
         out[q0:q1] = ctx.reshape(n_kv_heads, group, rows, head_dim).permute(2, 0, 1, 3).reshape(
             rows, n_heads * head_dim)
@@ -394,3 +418,9 @@ def band_mask(q0: int, q1: int, seq_k: int, offset: int, causal: bool, window: i
     keys = torch.arange(seq_k, device=device)[None, :]
     hidden = keys > pos  # causal: a window comes only with it
     return hidden | (keys <= pos - window) if window else hidden
+
+
+def clamped_swiglu(gate, up, alpha: float, limit: float):
+    """base.clamped_swiglu on tensors: (up + 1) * g * sigmoid(alpha g), g = min(gate, limit)."""
+    g = gate.clamp(max=limit)
+    return (up.clamp(-limit, limit) + 1) * (g * torch.sigmoid(alpha * g))

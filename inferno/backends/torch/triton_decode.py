@@ -58,6 +58,7 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # how the kernels below were built
 VARIANTS = ("serial", "pingpong")
 LOG2E = 1.4426950408889634  # scores are kept in log2 units so the softmax uses exp2
+_LOG2E = tl.constexpr(LOG2E)  # the same, for the kernels (a global they read must be constexpr)
 MIN_BLOCKS_PER_SPLIT = 4  # a split shorter than this spends its time in prologue and merge
 PROGRAMS_PER_SM = 2  # the default grid: about this many split programs per multiprocessor
 MERGE_SPLITS = 32  # splits the merge kernel holds at once
@@ -200,9 +201,10 @@ def _decode_split_kernel(
 
 
 # -- kernel 2: merge the splits of one (sequence, new token, query head) row -----------------
-@triton.jit(do_not_specialize=["window", "num_splits", "min_blocks"])
+# has_sinks (0 or 1) is not specialised either: with and without sinks are one compiled kernel.
+@triton.jit(do_not_specialize=["window", "num_splits", "min_blocks", "has_sinks"])
 def _decode_merge_kernel(
-    PartO, PartM, PartL, Out, KvLens, window, n_heads, num_splits, min_blocks,
+    PartO, PartM, PartL, Out, KvLens, Sinks, window, n_heads, num_splits, min_blocks, has_sinks,
     stride_ob, stride_ot,
     N_NEW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -217,8 +219,12 @@ def _decode_merge_kernel(
     # The splits BLOCK_S at a time, with the running max, sum and output of an online softmax:
     # o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s. (Loading all splits at once held
     # [splits, head_dim] floats in a few registers per thread: 256 splits spilled.)
-    m_run = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
-    l_run = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
+    # The head's attention sink (gpt-oss) is one more column of the row's softmax, with value
+    # 0: it starts the running max at the sink (log2 units) and the sum at 1, so it joins once
+    # per row, however many splits the keys took. Without sinks (has_sinks 0, nothing loaded)
+    # m starts at -inf and l at 0, as before there were sinks; a sink of -inf does the same.
+    m_run = tl.load(Sinks + head, mask=has_sinks != 0, other=float("-inf")).to(tl.float32) * _LOG2E
+    l_run = tl.where(m_run == float("-inf"), 0.0, 1.0)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for s0 in range(0, count, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
@@ -287,7 +293,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, n_heads: int, n_kv_heads: int,
                      head_dim: int, variant: str = "serial", num_splits: int | None = None,
                      block_n: int | None = None, *, slots=None, window: int = 0,
                      scale: float | None = None, block_h: int | None = None, out=None,
-                     partials=None, num_warps: int = 4, num_stages: int = 2, meta=None):
+                     partials=None, num_warps: int = 4, num_stages: int = 2, meta=None,
+                     sinks=None):
     """softmax(scale * q K^T) V for the newest tokens of each sequence of a batch.
 
     q [n_new, n_heads * head_dim], or [batch, n_new, n_heads * head_dim]: the new tokens of each
@@ -302,17 +309,20 @@ def decode_attention(q, k_cache, v_cache, kv_len, n_heads: int, n_kv_heads: int,
     inputs use IEEE float32 dots (no TF32), 16-bit inputs tensor-core dots with float32
     accumulation; a cache in another dtype than q is widened to float32 as it is loaded.
     `meta` (slot_meta's) saves the per-call copy of slots and lengths to the device.
+    `sinks` (gpt-oss's attention sinks: a float tensor [n_heads] on q's device, or None) adds
+    head h's sink as one more column of each of its rows' softmax, value 0, unscaled; -inf is
+    no sink. The merge kernel starts each row from it, so it counts once whatever the splits.
     """
     out, handles = _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant,
                            num_splits, block_n, block_h, out, partials, num_warps, num_stages,
-                           slots, window, scale, meta)
+                           slots, window, scale, meta, sinks)
     return out
 
 
 def decode_attention_device(q, k_cache, v_cache, slots, kv_lens, n_heads: int, n_kv_heads: int,
                             head_dim: int, variant: str = "serial", *, window: int = 0,
                             scale: float | None = None, out=None, partials=None,
-                            num_splits: int | None = None):
+                            num_splits: int | None = None, sinks=None):
     """decode_attention with every per-sequence value in device memory: `slots` and `kv_lens`
     are int tensors [batch] on q's device, read by the kernels, never by the host. So the call
     makes no host round trip and can be captured in a CUDA graph and replayed as the lengths
@@ -320,7 +330,9 @@ def decode_attention_device(q, k_cache, v_cache, slots, kv_lens, n_heads: int, n
     window), and each sequence uses the splits its own length needs (_split_range). q is
     [batch, n_new, n_heads * head_dim]. The values are the caller's to keep valid (n_new <=
     kv_len <= capacity, slots within the cache): nothing here can check them without reading
-    them back. `num_splits`, as decode_attention's, fixes the grid (tests)."""
+    them back. `num_splits`, as decode_attention's, fixes the grid (tests). `sinks` as
+    decode_attention's: in a captured step a persistent tensor (a layer's weight), read by the
+    merge kernel at replay."""
     q3 = q if q.dim() == 3 else q.unsqueeze(0)
     batch, n_new, _ = q3.shape
     if not all(isinstance(x, torch.Tensor) and x.shape == (batch,) and x.device == q.device
@@ -330,7 +342,7 @@ def decode_attention_device(q, k_cache, v_cache, slots, kv_lens, n_heads: int, n
     span = min(capacity, window + n_new - 1) if window else capacity
     return _launch(q3, k_cache, v_cache, span, n_heads, n_kv_heads, head_dim, variant,
                    num_splits, out=out, partials=partials, window=window, scale=scale,
-                   meta=(slots, kv_lens))[0]
+                   meta=(slots, kv_lens), sinks=sinks)[0]
 
 
 def slot_meta(slots, kv_lens, device) -> torch.Tensor:
@@ -341,12 +353,13 @@ def slot_meta(slots, kv_lens, device) -> torch.Tensor:
 
 def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant="serial",
             num_splits=None, block_n=None, block_h=None, out=None, partials=None,
-            num_warps=4, num_stages=2, slots=None, window=0, scale=None, meta=None):
+            num_warps=4, num_stages=2, slots=None, window=0, scale=None, meta=None, sinks=None):
     """decode_attention's body; also returns the two kernels' launch handles (compiled kernels
     on CUDA, whose .asm holds the PTX and TTGIR; None under the interpreter). `meta` holds
     the slots and lengths already on the device, to skip the copy: slot_meta's [2, batch], or
     (slots, kv_lens) tensors, with `kv_len` then the longest span a sequence may attend (the
-    device path: the values are not read here, so not checked)."""
+    device path: the values are not read here, so not checked). Without `sinks` the merge
+    kernel gets has_sinks 0 and another float32 tensor as the (never read) pointer."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; variants: {', '.join(VARIANTS)}")
     squeeze = q.dim() == 2
@@ -361,6 +374,10 @@ def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant=
         slots = list(range(batch)) if slots is None else [int(s) for s in slots]
         _check(q3, k3, v3, kv_lens, slots, window, n_heads, n_kv_heads, head_dim)
         span = max(min(n, window + n_new - 1) if window else n for n in kv_lens)  # keys to read
+    if sinks is not None and not (isinstance(sinks, torch.Tensor) and sinks.shape == (n_heads,)
+                                  and sinks.device == q.device and sinks.is_floating_point()
+                                  and sinks.is_contiguous()):
+        raise ValueError(f"sinks must be a contiguous float tensor [{n_heads}] on {q.device}")
     group = n_heads // n_kv_heads
     rows = group * n_new
     if rows > MAX_ROWS:
@@ -398,7 +415,8 @@ def _launch(q, k_cache, v_cache, kv_len, n_heads, n_kv_heads, head_dim, variant=
         BLOCK_D=block_d, PINGPONG=variant == "pingpong", DOT_PRECISION=precision, UPCAST=upcast,
         num_warps=num_warps, num_stages=num_stages)
     merge = _decode_merge_kernel[(batch * n_new * n_heads,)](
-        part_o, part_m, part_l, o3, lens_t, int(window), n_heads, plan.num_splits, plan.min_blocks,
+        part_o, part_m, part_l, o3, lens_t, part_m if sinks is None else sinks, int(window),
+        n_heads, plan.num_splits, plan.min_blocks, int(sinks is not None),
         o3.stride(0), o3.stride(1), N_NEW=n_new, HEAD_DIM=head_dim, BLOCK_N=block_n,
         BLOCK_S=min(MERGE_SPLITS, triton.next_power_of_2(plan.num_splits)), BLOCK_D=block_d,
         num_warps=2 if block_d <= 64 else 4)
@@ -450,9 +468,10 @@ def _sm_count(device: torch.device) -> int:
 
 def reference_attention(q, k_cache, v_cache, kv_len, n_heads: int, n_kv_heads: int,
                         head_dim: int, slots=None, window: int = 0,
-                        scale: float | None = None) -> torch.Tensor:
+                        scale: float | None = None, sinks=None) -> torch.Tensor:
     """The materialized computation in float64, one sequence at a time (scores, bottom-right
-    causal mask and window, softmax, @ V), shaped like q: what the kernel is tested against.
+    causal mask and window, softmax, @ V; a head's sink one more column of its scores,
+    softmaxed with them and dropped), shaped like q: what the kernel is tested against.
     Arguments as decode_attention's."""
     squeeze = q.dim() == 2
     q3, k3, v3 = (x.unsqueeze(0) if x.dim() == 2 else x for x in (q, k_cache, v_cache))
@@ -471,7 +490,12 @@ def reference_attention(q, k_cache, v_cache, kv_len, n_heads: int, n_kv_heads: i
         pos = torch.arange(n_new)[:, None] + (n - n_new)
         keys = torch.arange(n)[None, :]
         hidden = (keys > pos) | ((keys <= pos - window) if window else False)
-        o[b] = (scores.masked_fill(hidden, float("-inf")).softmax(-1) @ vh.cpu()).transpose(0, 1).reshape(
-            n_new, n_heads * head_dim)
+        scores = scores.masked_fill(hidden, float("-inf"))
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:
+            column = sinks.double().cpu().reshape(n_heads, 1, 1).expand(n_heads, n_new, 1)
+            probs = torch.cat((scores, column), -1).softmax(-1)[..., :-1]
+        o[b] = (probs @ vh.cpu()).transpose(0, 1).reshape(n_new, n_heads * head_dim)
     o = o.to(q.device)
     return o[0] if squeeze else o
