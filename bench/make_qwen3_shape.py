@@ -157,18 +157,25 @@ def gguf_writer(path: Path, config: dict, file_type: int):
     w.add_file_type(file_type)
     if file_type != gguf.LlamaFileType.MOSTLY_F16:
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    merges = ["Ġ t", "Ġ a", "i n", "h e"]  # llama.cpp wants some; any will do
+    add_stand_in_vocab(w, c["vocab_size"], "qwen2", bos="<|endoftext|>", eos="<|im_end|>")
+    return w
+
+
+def add_stand_in_vocab(w, size: int, pre: str, bos: str, eos: str) -> None:
+    """A vocabulary of `size` for a GGUFWriter: GPT-2's 256 byte tokens, a few merges (llama.cpp
+    wants some; any will do), fillers, and the `bos` and `eos` control tokens last."""
+    import gguf
+
+    merges = ["Ġ t", "Ġ a", "i n", "h e"]
     byte_tokens = [chr(b) for b in gguf_byte_alphabet()] + [m.replace(" ", "") for m in merges]
-    tokens = byte_tokens + [f"<t{i}>" for i in range(c["vocab_size"] - len(byte_tokens) - 2)]
-    tokens += ["<|endoftext|>", "<|im_end|>"]
+    tokens = byte_tokens + [f"<t{i}>" for i in range(size - len(byte_tokens) - 2)] + [bos, eos]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([gguf.TokenType.NORMAL] * (len(tokens) - 2) + [gguf.TokenType.CONTROL] * 2)
     w.add_token_merges(merges)
     w.add_eos_token_id(len(tokens) - 1)
     w.add_bos_token_id(len(tokens) - 2)
-    return w
 
 
 def write_gguf_f16(path: Path, config: dict, shapes: dict, seed: int) -> None:

@@ -16,6 +16,10 @@ OPTIONS = {"torch": {"device": "cpu"}}
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 32}  # short, so every regime shows at 80 tokens
+# YaRN as gpt-oss has it (truncate off) over a short original context, so that at head dim 32
+# the ramp between kept and interpolated frequencies spans dimensions 0.3 to 5.
+GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 256}
 GEMMA3_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
 
@@ -24,7 +28,8 @@ GEMMA3_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
 # bfloat16 files; Llama 3.1 RoPE scaling; q/k/v biases; Gemma's local and global layers mixed with
 # a window (24) smaller than the test sequence; mixtures of experts: Qwen3-MoE with a dense layer
 # between sparse ones (renormalised top-k) and with experts every second layer (bfloat16, not
-# renormalised), Mixtral.
+# renormalised), Mixtral; gpt-oss (sinks, biases on every projection and expert, its clamped
+# SwiGLU, YaRN on windowed and global layers alike).
 MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 MODELS = {
     "qwen3-untied-hd24-gqa2-f32": dict(arch="qwen3", hidden=64, heads=4, kv_heads=2, head_dim=24),
@@ -45,6 +50,10 @@ MODELS = {
                                 decoder_sparse_step=2, norm_topk_prob=False, dtype="bfloat16", **MOE),
     "mixtral-f32": dict(arch="mixtral", hidden=64, heads=4, kv_heads=2, intermediate=32,
                         num_local_experts=4, num_experts_per_tok=2),
+    "gpt-oss-window24-yarn-f32": dict(arch="gpt_oss", hidden=64, heads=4, kv_heads=2, head_dim=32,
+                                      layers=3, intermediate=32, num_local_experts=4,
+                                      num_experts_per_tok=2, sliding_window=24, rope_parameters=GPT_OSS_ROPE,
+                                      max_positions=2048),
 }
 
 

@@ -31,9 +31,12 @@ CORPUS = [
 ]
 
 
-def make_tokenizer(folder: Path, vocab_size: int = 400, bos: bool = False):
-    """Train a byte-level BPE on CORPUS and save it with transformers' fast tokenizer wrapper."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def make_tokenizer(folder: Path, vocab_size: int = 400, bos: bool = False, *, specials=(),
+                   chat_template: str = CHAT_TEMPLATE):
+    """Train a byte-level BPE on CORPUS and save it with transformers' fast tokenizer wrapper.
+    `specials`: more special tokens, added after the trained vocabulary (gpt-oss's harmony
+    tags, say), with the `chat_template` that writes them."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -47,9 +50,11 @@ def make_tokenizer(folder: Path, vocab_size: int = 400, bos: bool = False):
             single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    if specials:
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>" if bos else None,
                                    eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     fast.save_pretrained(folder)
     return fast
 
@@ -59,7 +64,7 @@ def make_model(folder: Path, arch: str = "qwen3", *, hidden: int = 64, layers: i
                intermediate: int = 96, tied: bool = False, dtype: str = "float32",
                max_positions: int = 512, rope_theta: float = 10000.0, seed: int = 0,
                bos: bool = False, init_std: float = 0.15, **extra) -> Path:
-    """A random model of `arch` (qwen3, llama, qwen2, gemma3; qwen3_moe and mixtral, whose
+    """A random model of `arch` (qwen3, llama, qwen2, gemma3; qwen3_moe, mixtral and gpt_oss, whose
     experts `extra` sizes: num_experts / num_local_experts, num_experts_per_tok...) saved into
     `folder`, with a tokenizer; `extra` goes to the transformers config as is (rope_scaling,
     sliding_window...)."""
@@ -86,7 +91,10 @@ def make_model(folder: Path, arch: str = "qwen3", *, hidden: int = 64, layers: i
         "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
         "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
         "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+        "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
     }[arch]
+    if arch == "gpt_oss":  # its RoPE (YaRN by default) lives in rope_parameters, with the base
+        common.pop("rope_theta")
     config = getattr(transformers, config_cls)(**common, **extra)
     model = getattr(transformers, model_cls)(config)
     # Random init is N(0, 0.02): widen it (init_std) so logits differ by more than float noise,
@@ -95,6 +103,8 @@ def make_model(folder: Path, arch: str = "qwen3", *, hidden: int = 64, layers: i
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith("sinks"):  # logits beside the scores: large enough to move them
+                p.normal_(0.0, 1.5)
             else:
                 p.normal_(0.0, init_std)
     model.to(getattr(torch, dtype)).save_pretrained(folder)

@@ -23,7 +23,8 @@ from inferno.formats.cache_types import widen_bf16
 from inferno.formats.quant import QuantTensor
 from inferno.errors import InfernoError, one_line
 
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+# U8: packed blocks kept as bytes (gpt-oss's MXFP4 `*_blocks` and `*_scales`).
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64, "U8": np.uint8}
 MAX_HEADER = 100_000_000  # the format's own limit on the JSON header
 
 
@@ -95,7 +96,7 @@ class SafetensorsFile:
         if len(shape) == 2 and dtype in ("BF16", "F16"):
             return QuantTensor(dtype, shape, raw)
         values = raw.view(_DTYPES[dtype]).reshape(shape)
-        if self.is_view(name):
+        if self.is_view(name) or dtype == "U8":
             return values  # F32: read-only, like the map
         if dtype == "BF16":
             return widen_bf16(values)

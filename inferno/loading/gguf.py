@@ -32,10 +32,10 @@ from inferno.loading.checkpoint import Checkpoint
 from inferno.loading.pooling import EmbeddingSpec, spec_from_gguf
 from inferno.sampling import gguf_sampling
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss")
 # GGUF architecture -> the family whose forward pass it runs (config.FAMILIES); experts come
 # from the metadata (expert_count), in llama files too (Mixtral).
-FAMILY_OF = {"qwen3moe": "qwen3"}
+FAMILY_OF = {"qwen3moe": "qwen3", "gpt-oss": "gpt_oss"}
 
 # GGUF tensor name -> Hugging Face name, the one rename table; `{i}` is the layer index.
 TENSOR_NAMES = {
@@ -72,6 +72,22 @@ GEMMA3_NAMES = {
     "blk.{i}.ffn_norm.weight": "model.layers.{i}.pre_feedforward_layernorm.weight",
     "blk.{i}.post_ffw_norm.weight": "model.layers.{i}.post_feedforward_layernorm.weight",
 }
+# gpt-oss: llama.cpp's post_attention_norm is the norm before the MLP (Hugging Face's
+# post_attention_layernorm, as in Llama); biases on the output projection, the router and every
+# expert matrix ([n_expert, out] each); a sink logit per head.
+GPT_OSS_NAMES = {
+    **TENSOR_NAMES,
+    "blk.{i}.post_attention_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.attn_output.bias": "model.layers.{i}.self_attn.o_proj.bias",
+    "blk.{i}.attn_sinks.weight": "model.layers.{i}.self_attn.sinks",
+    "blk.{i}.ffn_gate_inp.bias": "model.layers.{i}.mlp.gate.bias",
+    "blk.{i}.ffn_gate_exps.bias": "model.layers.{i}.mlp.experts.gate_proj.bias",
+    "blk.{i}.ffn_up_exps.bias": "model.layers.{i}.mlp.experts.up_proj.bias",
+    "blk.{i}.ffn_down_exps.bias": "model.layers.{i}.mlp.experts.down_proj.bias",
+}
+GPT_OSS_SWA_PATTERN = 2  # llama.cpp's: even layers windowed, odd ones global (not in the file)
+GPT_OSS_CLAMP = (1.702, 7.0)  # llama.cpp's swiglu_oai: alpha and limit (not in the file)
+NAMES_OF = {"gemma3": GEMMA3_NAMES, "gpt-oss": GPT_OSS_NAMES}
 # Tensors that configure rather than compute: read into the config.
 CONFIG_TENSORS = ("rope_freqs.weight",)
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth Gemma 3 layer is global (not in the file)
@@ -83,7 +99,7 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor, or None when the table has no entry."""
     m = _BLOCK.match(gguf_name)
     key = _BLOCK.sub("blk.{i}.", gguf_name, count=1) if m else gguf_name
-    name = (GEMMA3_NAMES if arch == "gemma3" else TENSOR_NAMES).get(key)
+    name = NAMES_OF.get(arch, TENSOR_NAMES).get(key)
     return name.format(i=m.group(1)) if name and m else name
 
 
@@ -201,10 +217,22 @@ def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str,
     scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling_type == "linear":
         scaling = RopeScaling(rope_type="linear", factor=_f32(key("rope.scaling.factor")))
+    elif scaling_type == "yarn":
+        # llama.cpp's YaRN: the ramp's ends always rounded outwards (ggml_rope_yarn_corr_dims:
+        # truncate on, whatever the checkpoint said), cos and sin x (1 + 0.1 ln factor) times
+        # attn_factor.
+        attn = meta.get(f"{arch}.rope.scaling.attn_factor")
+        scaling = RopeScaling(rope_type="yarn", factor=_f32(key("rope.scaling.factor")),
+                              original_max_position_embeddings=int(key("rope.scaling.original_context_length")),
+                              beta_fast=_f32(key("rope.scaling.yarn_beta_fast", 32.0)),
+                              beta_slow=_f32(key("rope.scaling.yarn_beta_slow", 1.0)), truncate=True,
+                              attention_factor=None if attn is None else _f32(attn) * _yarn_mscale(
+                                  _f32(key("rope.scaling.factor"))))
     elif scaling_type == "none":
         scaling = RopeScaling()
     else:
-        raise InfernoError(f"{source}: RoPE scaling {scaling_type!r} is not supported (supported: none, linear)")
+        raise InfernoError(f"{source}: RoPE scaling {scaling_type!r} is not supported (supported: none, "
+                           f"linear, yarn)")
     # GGUF lists the embedding as [hidden, vocab], innermost first; the rows are the vocabulary.
     vocab = int(infos["token_embd.weight"].shape[1])
     layers = int(key("block_count"))
@@ -219,6 +247,9 @@ def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str,
             layer_windows=tuple(0 if (i + 1) % GEMMA3_SWA_PATTERN == 0 else window
                                 for i in range(layers)),
             rope_local_theta=GEMMA3_LOCAL_ROPE_BASE)
+    if arch == "gpt-oss":
+        window = int(key("attention.sliding_window"))
+        family = dict(layer_windows=tuple(window if i % GPT_OSS_SWA_PATTERN == 0 else 0 for i in range(layers)))
     if rope_freqs is not None:
         family["rope_freq_factors"] = tuple(float(f) for f in np.asarray(rope_freqs).reshape(-1))
     if meta.get(f"{arch}.expert_count"):
@@ -251,8 +282,14 @@ def experts_from_gguf(meta: dict, arch: str, infos: dict, layers: int, key) -> E
     count = int(key("expert_count"))
     inter = int(meta.get(f"{arch}.expert_feed_forward_length") or key("feed_forward_length"))
     sparse = tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in infos)
+    if arch == "gpt-oss":  # a softmax over the top-k logits, biases, the clamped SwiGLU
+        return Experts(count, int(key("expert_used_count")), inter, True, sparse, bias=True, clamp=GPT_OSS_CLAMP)
     return Experts(count, int(key("expert_used_count")), inter,
                    bool(meta.get(f"{arch}.expert_weights_norm", True)), sparse)
+
+
+def _yarn_mscale(factor: float) -> float:
+    return 0.1 * np.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def _f32(x) -> float:

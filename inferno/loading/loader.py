@@ -16,7 +16,7 @@ import numpy as np
 
 from inferno.errors import InfernoError
 from inferno.loading.checkpoint import Checkpoint, progress_bar
-from inferno.formats.quant import QuantTensor
+from inferno.formats.quant import QuantTensor, as_float32, mxfp4_from_hf
 from inferno.model.config import ModelConfig
 from inferno.loading.gguf import load_gguf
 from inferno.loading.pooling import spec_from_folder
@@ -95,6 +95,9 @@ def stack_experts(tensors: dict, config: ModelConfig, folder: Path) -> dict:
     count = config.experts.count
     for i in config.experts.layers:
         p = f"model.layers.{i}."
+        if p + "mlp.router.weight" in tensors:
+            gpt_oss_experts(tensors, p, i, folder)
+            continue
         fused = tensors.pop(p + "mlp.experts.gate_up_proj", None)
         if fused is not None:
             fused = np.asarray(fused, np.float32)
@@ -123,6 +126,43 @@ def stack_experts(tensors: dict, config: ModelConfig, folder: Path) -> dict:
                                    f"{count}; the weights do not match config.json")
             tensors[STACKED.format(i=i, m=m)] = _stack(parts, p + each.format(e="*", m=theirs), folder)
     return tensors
+
+
+def gpt_oss_experts(tensors: dict, p: str, i: int, folder: Path) -> None:
+    """One gpt-oss layer's experts under inferno's names, in place. Its gate_up matrices hold
+    gate and up interleaved by output (gate the even ones), transposed ([n_expert, hidden,
+    2 * inter]) where they are floats, [out, in] where they are MXFP4 (`_blocks` and `_scales`,
+    repacked into ggml's blocks: quant.mxfp4_from_hf); the biases follow the same interleaving."""
+    def take(name):
+        if p + name not in tensors:
+            raise InfernoError(f"{folder}: {p + name} is missing; the weights do not match config.json")
+        return tensors.pop(p + name)
+
+    tensors[ROUTER.format(i=i)] = take("mlp.router.weight")
+    tensors[p + "mlp.gate.bias"] = as_float32(take("mlp.router.bias"))
+    gate_up_bias = as_float32(take("mlp.experts.gate_up_proj_bias"))  # [n_expert, 2 * inter]
+    tensors[p + "mlp.experts.gate_proj.bias"] = np.ascontiguousarray(gate_up_bias[:, 0::2])
+    tensors[p + "mlp.experts.up_proj.bias"] = np.ascontiguousarray(gate_up_bias[:, 1::2])
+    tensors[p + "mlp.experts.down_proj.bias"] = as_float32(take("mlp.experts.down_proj_bias"))
+    if p + "mlp.experts.gate_up_proj_blocks" in tensors:
+        for m in ("gate_up", "down"):
+            blocks, scales = take(f"mlp.experts.{m}_proj_blocks"), take(f"mlp.experts.{m}_proj_scales")
+            n, out, nblocks, _ = blocks.shape
+            data = mxfp4_from_hf(blocks, scales).reshape(n, out, -1)  # [n_expert, out, row bytes]
+            shape = (n * out // (2 if m == "gate_up" else 1), nblocks * 32)
+            if m == "down":
+                tensors[STACKED.format(i=i, m="down")] = QuantTensor("MXFP4", shape, data.reshape(n * out, -1))
+            else:
+                for half, name in ((0, "gate"), (1, "up")):
+                    rows = np.ascontiguousarray(data[:, half::2]).reshape(shape[0], -1)
+                    tensors[STACKED.format(i=i, m=name)] = QuantTensor("MXFP4", shape, rows)
+        return
+    gate_up = np.asarray(take("mlp.experts.gate_up_proj"), np.float32)  # [n_expert, hidden, 2 * inter]
+    down = np.asarray(take("mlp.experts.down_proj"), np.float32)  # [n_expert, inter, hidden]
+    hidden = gate_up.shape[1]
+    tensors[STACKED.format(i=i, m="gate")] = np.ascontiguousarray(gate_up[:, :, 0::2].transpose(0, 2, 1)).reshape(-1, hidden)
+    tensors[STACKED.format(i=i, m="up")] = np.ascontiguousarray(gate_up[:, :, 1::2].transpose(0, 2, 1)).reshape(-1, hidden)
+    tensors[STACKED.format(i=i, m="down")] = np.ascontiguousarray(down.transpose(0, 2, 1)).reshape(-1, down.shape[1])
 
 
 def _stack(parts: list, what: str, folder: Path):

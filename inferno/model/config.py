@@ -28,10 +28,11 @@ ARCHITECTURES = {
     # (Qwen3-Embedding): its weights lack the "model." prefix and lm_head (the head is tied).
     "Qwen3Model": "qwen3", "LlamaModel": "llama", "Qwen2Model": "qwen2", "Gemma3TextModel": "gemma3",
     "Qwen3MoeModel": "qwen3", "MixtralModel": "llama",
+    "GptOssForCausalLM": "gpt_oss", "GptOssModel": "gpt_oss",
 }
 MODEL_TYPES = {"qwen3": "qwen3", "llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3",
-               "gemma3": "gemma3", "qwen3_moe": "qwen3", "mixtral": "llama"}
-ROPE_TYPES = ("default", "linear", "llama3")
+               "gemma3": "gemma3", "qwen3_moe": "qwen3", "mixtral": "llama", "gpt_oss": "gpt_oss"}
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
@@ -40,7 +41,9 @@ class Family:
     """The nameable ways a family's decoder block differs from Llama's."""
 
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
-    qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2)
+    qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2, gpt-oss)
+    o_bias: bool = False  # a bias on the attention's output projection (gpt-oss)
+    sinks: bool = False  # a learned logit per head in every softmax row (gpt-oss: base.py's sinks)
     sandwich_norms: bool = False  # also norm the attention and MLP outputs (Gemma 3)
     norm_plus_one: bool = False  # RMSNorm scales by (1 + w) (Gemma): a folder's w gets the 1 at
     # load; a GGUF stores it folded already
@@ -52,6 +55,7 @@ FAMILIES = {
     "qwen2": Family(qkv_bias=True),
     "qwen3": Family(qk_norm=True),
     "gemma3": Family(qk_norm=True, sandwich_norms=True, norm_plus_one=True, scaled_embedding=True),
+    "gpt_oss": Family(qkv_bias=True, o_bias=True, sinks=True),
 }
 # Gemma3TextConfig's defaults, for a multimodal gemma3 config.json whose text_config leaves
 # them out (transformers fills them in the same way).
@@ -70,6 +74,13 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # YaRN's: the ramp between interpolated and kept frequencies spans the dimensions that turn
+    # between beta_fast and beta_slow times over the original context (`truncate` rounds those
+    # dimensions outwards); attention_factor multiplies cos and sin (None: 0.1 ln(factor) + 1).
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,11 @@ class Experts:
     intermediate_size: int
     norm_topk: bool
     layers: tuple[int, ...]
+    # gpt-oss: biases on the router and on each expert's three matrices, and its clamped SwiGLU,
+    # (up + 1) * g * sigmoid(alpha * g) with g = min(gate, limit) and up within +-limit
+    # (base.Backend.moe's `clamp`). None: SiLU(gate) * up.
+    bias: bool = False
+    clamp: tuple[float, float] | None = None  # (alpha, limit)
 
     def check(self, n_layers: int) -> None:
         if self.count < 1 or self.intermediate_size < 1:
@@ -119,7 +135,8 @@ class ModelConfig:
     attention_scale: float | None = None  # scores x this; None: 1/sqrt(head_dim)
     # Sliding-window attention: layer_windows[i] is layer i's window in keys, 0 for a global
     # layer; () when every layer is global. Windowed layers take their RoPE base from
-    # rope_local_theta, unscaled (Gemma 3's local layers).
+    # rope_local_theta, unscaled, where it is given (Gemma 3's local layers); otherwise the
+    # global layers' frequencies, scaling included (gpt-oss's YaRN on every layer).
     layer_windows: tuple[int, ...] = ()
     rope_local_theta: float | None = None
     # Llama 3.1 GGUFs store their RoPE scaling as a factor per frequency (rope_freqs.weight).
@@ -151,13 +168,22 @@ class ModelConfig:
                                    or min(self.layer_windows) < 0):
             raise InfernoError(f"model config: layer windows {self.layer_windows} do not give "
                                f"each of {self.num_hidden_layers} layers a window of 0 or more")
-        if any(self.layer_windows) and self.rope_local_theta is None:
-            object.__setattr__(self, "rope_local_theta", self.rope_theta)
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
             raise InfernoError(f"model config: {len(self.rope_freq_factors)} RoPE frequency factors "
                                f"for head_dim {self.head_dim} (expected {self.head_dim // 2})")
         if self.experts is not None:
             self.experts.check(self.num_hidden_layers)
+
+    @property
+    def rope_attention_factor(self) -> float:
+        """What YaRN multiplies cos and sin by (1 for every other RoPE): the scores then grow by
+        its square, which is how the decoder applies it (Attention's scale)."""
+        rs = self.rope_scaling
+        if rs.rope_type != "yarn":
+            return 1.0
+        if rs.attention_factor is not None:
+            return float(rs.attention_factor)
+        return 0.1 * math.log(rs.factor) + 1.0 if rs.factor > 1 else 1.0
 
     @property
     def family(self) -> Family:
@@ -185,7 +211,10 @@ class ModelConfig:
 
     def inv_freq(self, local: bool = False) -> np.ndarray:
         """RoPE inverse frequencies, [head_dim // 2] float64: the global layers' with any scaling
-        applied, or (`local`) the sliding-window layers' plain ones."""
+        applied, or (`local`) the sliding-window layers' plain ones where they have their own
+        base (the global ones where not)."""
+        if local and self.rope_local_theta is None:
+            local = False
         half = self.head_dim // 2
         theta = self.rope_local_theta if local else self.rope_theta
         inv = 1.0 / (theta ** (np.arange(half, dtype=np.float64) * 2.0 / self.head_dim))
@@ -194,6 +223,8 @@ class ModelConfig:
         if self.rope_freq_factors is not None:
             return inv / np.asarray(self.rope_freq_factors, dtype=np.float64)
         rs = self.rope_scaling
+        if rs.rope_type == "yarn":
+            return yarn_inv_freq(inv, rs, self.head_dim, self.rope_theta)
         if rs.rope_type == "linear":
             inv = inv / rs.factor
         elif rs.rope_type == "llama3":
@@ -222,7 +253,7 @@ class ModelConfig:
             cfg = {**GEMMA3_TEXT_DEFAULTS, **cfg["text_config"]}
         for flag in ("attention_bias", "mlp_bias", "final_logit_softcapping", "attn_logit_softcapping",
                      "use_bidirectional_attention"):
-            if cfg.get(flag):
+            if cfg.get(flag) and not (flag == "attention_bias" and FAMILIES[arch].o_bias):
                 raise InfernoError(f"model config: {flag}={cfg[flag]} is not supported by inferno's "
                                    f"{arch} forward pass")
         try:
@@ -274,6 +305,24 @@ class ModelConfig:
             raise InfernoError(f"model config: config.json has no {e.args[0]!r} field") from None
 
 
+def yarn_inv_freq(inv: np.ndarray, rs: RopeScaling, head_dim: int, theta: float) -> np.ndarray:
+    """YaRN's frequencies (transformers' _compute_yarn_parameters): the fast-turning dimensions
+    kept, the slow ones divided by `factor`, a linear ramp between the dimensions that turn
+    beta_fast and beta_slow times over the original context."""
+    def dim_of(turns):  # the dimension that turns `turns` times over the original context
+        return (head_dim * math.log(rs.original_max_position_embeddings / (turns * 2 * math.pi))
+                / (2 * math.log(theta)))
+    low, high = dim_of(rs.beta_fast), dim_of(rs.beta_slow)
+    if rs.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    kept = 1 - ramp  # 1: the dimension's frequency extrapolated (kept), 0: interpolated
+    return inv / rs.factor * (1 - kept) + inv * kept
+
+
 def _layer_windows(cfg: dict, arch: str, layers: int) -> tuple[int, ...]:
     """Each layer's sliding window (0: global) from `layer_types`, or from Gemma 3's older
     `sliding_window_pattern` (every n-th layer global)."""
@@ -294,7 +343,7 @@ def _layer_windows(cfg: dict, arch: str, layers: int) -> tuple[int, ...]:
 
 
 def _experts(cfg: dict, layers: int) -> Experts | None:
-    """The expert MLP of a Qwen3-MoE or Mixtral config.json; None for a dense model.
+    """The expert MLP of a Qwen3-MoE, Mixtral or gpt-oss config.json; None for a dense model.
     Qwen3-MoE: `num_experts` (transformers 5 writes `num_local_experts`), experts of
     `moe_intermediate_size`, `norm_topk_prob`, and dense layers where `mlp_only_layers` or
     `decoder_sparse_step` say. Mixtral: `num_local_experts` of `intermediate_size`, every layer,
@@ -302,6 +351,12 @@ def _experts(cfg: dict, layers: int) -> Experts | None:
     count = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
     if not count:
         return None
+    if cfg.get("model_type") == "gpt_oss" or "GptOssForCausalLM" in (cfg.get("architectures") or ()):
+        # A softmax over the top-k router logits (renormalised, as Mixtral's), biases, and the
+        # clamped SwiGLU; experts in every layer.
+        return Experts(int(count), int(cfg["num_experts_per_tok"]), int(cfg["intermediate_size"]),
+                       True, tuple(range(layers)), bias=True,
+                       clamp=(float(cfg.get("swiglu_alpha", 1.702)), float(cfg.get("swiglu_limit", 7.0))))
     mixtral = cfg.get("model_type") == "mixtral" or "MixtralForCausalLM" in (cfg.get("architectures") or ())
     if mixtral:
         return Experts(int(count), int(cfg["num_experts_per_tok"]), int(cfg["intermediate_size"]),
@@ -331,7 +386,7 @@ def _architecture(cfg: dict) -> str:
         return MODEL_TYPES[cfg["model_type"]]
     got = ", ".join(names) or cfg.get("model_type") or "none given"
     raise InfernoError(f"unsupported architecture {got}: inferno runs "
-                       f"{', '.join(ARCHITECTURES)} (Qwen3, Qwen3-MoE, Qwen2, Gemma 3, Mixtral "
+                       f"{', '.join(ARCHITECTURES)} (Qwen3, Qwen3-MoE, Qwen2, Gemma 3, Mixtral, gpt-oss "
                        f"and Llama-family models such as SmolLM2)")
 
 
@@ -339,8 +394,11 @@ def _rope_scaling(params: dict) -> RopeScaling:
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type == "default":
         return RopeScaling()
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    return RopeScaling(rope_type=rope_type, **{k: params[k] for k in keys if k in params})
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+            "beta_fast", "beta_slow", "truncate", "attention_factor")
+    if rope_type == "yarn" and (params.get("mscale") or params.get("mscale_all_dim")):
+        raise InfernoError("model config: YaRN with mscale/mscale_all_dim (DeepSeek's) is not supported")
+    return RopeScaling(rope_type=rope_type, **{k: params[k] for k in keys if params.get(k) is not None})
 
 
 def _ids(value) -> tuple:

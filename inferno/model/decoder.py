@@ -1,5 +1,5 @@
-"""The forward pass of the decoder families inferno runs (Llama, Qwen2, Qwen3, Gemma 3), written
-against `ops` only.
+"""The forward pass of the decoder families inferno runs (Llama, Qwen2, Qwen3, Gemma 3, gpt-oss),
+written against `ops` only.
 
     x = embed(tokens)                                  # x sqrt(hidden) for Gemma
     for each layer:
@@ -7,7 +7,9 @@ against `ops` only.
         x = x + post_norm(mlp(rms_norm(x)))            # SwiGLU or GeGLU, or a mixture of experts
     logits = lm_head(rms_norm(x))
 
-`post_norm` is Gemma's sandwich norm and nothing for the others. What differs between families
+`post_norm` is Gemma's sandwich norm and nothing for the others. gpt-oss adds biases to every
+attention projection, a sink logit per head to each softmax, and experts with biases and a
+clamped SwiGLU. What differs between families
 is a handful of named flags (config.Family) read once into each Layer, so this one forward walks
 them all: a flag is a weight that is present or None, never an `if gemma:`.
 
@@ -29,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from inferno.formats.quant import QuantTensor
+from inferno.formats.quant import QuantTensor, as_float32
 from inferno.errors import InfernoError
 from inferno.model.config import ModelConfig
 from inferno.model.kv_cache import KVCache
@@ -110,6 +112,8 @@ class Layer:
         self.q_norm = norm("self_attn.q_norm.weight") if fam.qk_norm else None  # [hd]
         self.k_norm = norm("self_attn.k_norm.weight") if fam.qk_norm else None
         self.o_proj = outliers_in("self_attn.o_proj.weight")  # [hidden, n_heads * hd]
+        self.o_bias = v("self_attn.o_proj.bias") if fam.o_bias else None  # [hidden]
+        self.sinks = v("self_attn.sinks") if fam.sinks else None  # [n_heads]: ops' `sinks`
         if fam.sandwich_norms:
             self.post_attn_norm = norm("post_attention_layernorm.weight")
             self.mlp_norm = norm("pre_feedforward_layernorm.weight")
@@ -118,12 +122,19 @@ class Layer:
             self.post_attn_norm = self.post_mlp_norm = None
             self.mlp_norm = norm("post_attention_layernorm.weight")
         if cfg.sparse(i):  # a mixture of experts: a router, and each matrix of every expert stacked
+            n_exp = cfg.experts.count
             self.router = w("mlp.gate.weight")  # [n_expert, hidden]
             self.experts = (stack("mlp.experts.gate_proj.weight"), stack("mlp.experts.up_proj.weight"),
                             stack("mlp.experts.down_proj.weight", outliers=True))  # ops.moe's shapes
+            # [1, n_expert], then [n_expert, inter] x 2 and [n_expert, hidden]: ops.moe's biases
+            self.expert_biases = (tuple(ops.from_numpy(as_float32(tensors.pop(p + n)).reshape(rows, -1))
+                                        for n, rows in (("mlp.gate.bias", 1), ("mlp.experts.gate_proj.bias", n_exp),
+                                                        ("mlp.experts.up_proj.bias", n_exp),
+                                                        ("mlp.experts.down_proj.bias", n_exp)))
+                                  if cfg.experts.bias else None)
             self.gate_up = self.down_proj = None
         else:
-            self.router = self.experts = None
+            self.router = self.experts = self.expert_biases = None
             self.gate_up = [w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]  # [inter, hidden] x 2
             self.down_proj = outliers_in("mlp.down_proj.weight")  # [hidden, intermediate]
 
@@ -168,6 +179,11 @@ class DecoderModel:
                         else ops.linear_weight(heavy_tailed_inputs(tensors.pop("lm_head.weight"))))
         # Gemma scales embeddings by sqrt(hidden), rounded to the embedding's dtype (float32 here).
         self.embed_scale = float(np.float32(math.sqrt(cfg.hidden_size))) if fam.scaled_embedding else None
+        # What multiplies q k^T (None: 1/sqrt(head_dim)). YaRN scales cos and sin by a factor,
+        # so q and k by it, so the scores by its square: applied here, not to the cached keys.
+        self.scale = cfg.attention_scale
+        if cfg.rope_attention_factor != 1.0:
+            self.scale = (cfg.attention_scale or cfg.head_dim ** -0.5) * cfg.rope_attention_factor ** 2
         self.layers = [Layer(ops, cfg, tensors, i) for i in range(cfg.num_hidden_layers)]
         self.norm = ops.from_numpy(np.asarray(tensors.pop("model.norm.weight"), np.float32))
         # RoPE frequencies per kind of layer: global, and the sliding-window layers' own base.
@@ -209,8 +225,8 @@ class DecoderModel:
         mats = [(self.lm_head, 1.0), (self.norm, 1.0)]
         for layer in self.layers:
             dense = [*layer.qkv, layer.o_proj, layer.attn_norm, layer.mlp_norm, *(layer.qkv_bias or ()),
-                     *(n for n in (layer.q_norm, layer.k_norm, layer.post_attn_norm,
-                                   layer.post_mlp_norm) if n is not None)]
+                     *(n for n in (layer.q_norm, layer.k_norm, layer.post_attn_norm, layer.post_mlp_norm,
+                                   layer.o_bias, layer.sinks) if n is not None)]
             if layer.experts is None:
                 dense += [*layer.gate_up, layer.down_proj]
             else:
@@ -299,8 +315,8 @@ class DecoderModel:
             ops.write_kv_rows(cache.v[i], slots, positions, v)
             ctx = ops.decode_attention(q, cache.k[i], cache.v[i], slots, kv_lens, cfg.num_attention_heads,
                                        cfg.num_key_value_heads, cfg.head_dim, window=layer.window,
-                                       scale=cfg.attention_scale)
-            return ops.linear(ctx, layer.o_proj)
+                                       scale=self.scale, sinks=layer.sinks)
+            return self._out(layer, ctx)
 
         x = self._blocks(self._embed(ids), attention)
         return ops.linear(ops.rms_norm(x, self.norm, cfg.rms_norm_eps), self.lm_head)  # [B, vocab]
@@ -351,10 +367,10 @@ class DecoderModel:
         hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         q, k, v = self._qkv(layer, h, rope)
         attend = ops.flash_attention_prefill if self.flash else ops.materialized_attention
-        window, scale = layer.window, cfg.attention_scale  # 0 and None: global, 1/sqrt(hd)
+        window, scale, sinks = layer.window, self.scale, layer.sinks  # 0, None, None: global, 1/sqrt(hd), none
         if cache is None:
-            ctx = attend(q, k, v, nh, nkv, hd, True, window=window, scale=scale)
-            return ops.linear(ctx, layer.o_proj)
+            ctx = attend(q, k, v, nh, nkv, hd, True, window=window, scale=scale, sinks=sinks)
+            return self._out(layer, ctx)
 
         r = batch.row0
         if batch.n_decode:  # one row per decoding sequence, each into its own slot, in one call
@@ -369,14 +385,14 @@ class DecoderModel:
             # them: a prompt's row then comes out the same whatever chunk it came in. (flash
             # off asks for materialized scores, below, and gets them.)
             ctx = ops.decode_attention(q, cache.k[i], cache.v[i], batch.row_slots, batch.row_kv_lens,
-                                       nh, nkv, hd, window=window, scale=scale)
-            return ops.linear(ctx, layer.o_proj)
+                                       nh, nkv, hd, window=window, scale=scale, sinks=sinks)
+            return self._out(layer, ctx)
         parts = []  # (first row, [rows, nh * hd]) per attention call
         if batch.n_decode:
             # Every decoding sequence at once, each against its own slot, read in place.
             parts.append((0, ops.decode_attention(ops.rows(q, 0, batch.n_decode), cache.k[i], cache.v[i],
                                                   batch.slots, batch.kv_lens, nh, nkv, hd,
-                                                  window=window, scale=scale)))
+                                                  window=window, scale=scale, sinks=sinks)))
         # A cache that rounds (f16, bf16, q8_0) is read back even for a chunk's own keys: every
         # query then sees the stored rows, so a prompt's logits do not depend on how it was cut
         # into chunks or how much of it a slot already held (prefix reuse), and decode sees the
@@ -394,20 +410,28 @@ class DecoderModel:
                 ks = ops.read_kv(cache.k[i], s.slot, k0, s.start + n)  # [start + n - k0, nkv * hd]
                 vs = ops.read_kv(cache.v[i], s.slot, k0, s.start + n)
             parts.append((r[j], attend(ops.rows(q, r[j], r[j + 1]), ks, vs, nh, nkv, hd, True,
-                                       window=window, scale=scale)))
+                                       window=window, scale=scale, sinks=sinks)))
         if len(parts) == 1:
             ctx = parts[0][1]
         else:
             ctx = ops.zeros(int(r[-1]), nh * hd)  # [rows, nh * hd]
             for row, part in parts:
                 ops.write_rows(ctx, part, int(row))
-        return ops.linear(ctx, layer.o_proj)
+        return self._out(layer, ctx)
+
+    def _out(self, layer: Layer, ctx):
+        """The attention's output projection of ctx [rows, n_heads * hd], with its bias."""
+        out = self.ops.linear(ctx, layer.o_proj)
+        return out if layer.o_bias is None else self.ops.add(out, layer.o_bias)
 
     def mlp(self, layer: Layer, h):
         ops = self.ops
         if layer.experts is not None:
             moe = self.cfg.experts
-            return ops.moe(h, layer.router, layer.experts, moe.top_k, moe.norm_topk)  # [rows, hidden]
+            if layer.expert_biases is None and moe.clamp is None:
+                return ops.moe(h, layer.router, layer.experts, moe.top_k, moe.norm_topk)  # [rows, hidden]
+            return ops.moe(h, layer.router, layer.experts, moe.top_k, moe.norm_topk,
+                           biases=layer.expert_biases, clamp=moe.clamp)
         gate, up = ops.linear_many(h, layer.gate_up)  # [rows, intermediate] x 2
         act = ops.gelu_mul(gate, up) if self.cfg.activation == "gelu_tanh" else ops.silu_mul(gate, up)
         return ops.linear(act, layer.down_proj)  # [rows, hidden]
@@ -439,6 +463,10 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if fam.qkv_bias:
         layer.update({"self_attn.q_proj.bias": (cfg.q_width,), "self_attn.k_proj.bias": (cfg.kv_width,),
                       "self_attn.v_proj.bias": (cfg.kv_width,)})
+    if fam.o_bias:
+        layer["self_attn.o_proj.bias"] = (hidden,)
+    if fam.sinks:
+        layer["self_attn.sinks"] = (cfg.num_attention_heads,)
     if fam.sandwich_norms:
         layer.update({"pre_feedforward_layernorm.weight": (hidden,),
                       "post_feedforward_layernorm.weight": (hidden,)})
@@ -449,6 +477,9 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                        "mlp.experts.gate_proj.weight": (n * inter, hidden),
                        "mlp.experts.up_proj.weight": (n * inter, hidden),
                        "mlp.experts.down_proj.weight": (n * hidden, inter)})
+        if cfg.experts.bias:
+            sparse.update({"mlp.gate.bias": (n,), "mlp.experts.gate_proj.bias": (n, inter),
+                           "mlp.experts.up_proj.bias": (n, inter), "mlp.experts.down_proj.bias": (n, hidden)})
     for i in range(cfg.num_hidden_layers):
         block = sparse if cfg.sparse(i) else layer
         shapes.update({f"model.layers.{i}.{name}": shape for name, shape in block.items()})
