@@ -5,12 +5,18 @@ an engine Session keeps the KV cache between turns, so a turn prefills only what
 last reply's closing tokens and the new message). Replies stream to stdout; the banner, stats
 and errors go to stderr. When stdin is not a terminal (a pipe, a file) each line is one message
 and no prompt is printed, so a conversation can be scripted.
+
+A reasoning model that speaks harmony (gpt-oss) reasons before it answers: its reasoning is
+shown dimmed (on a terminal; plain, then a blank line, in a pipe) before the answer, or not at
+all with `hide_reasoning` (--hide-reasoning); the history keeps the answer, and the reasoning
+only as harmony keeps it (dropped once answered).
 """
 
 from __future__ import annotations
 
 import sys
 
+from inferno import harmony
 from inferno.engine import Engine, Session
 from inferno.errors import InfernoError
 
@@ -20,9 +26,10 @@ QUIT = ("/bye", "/exit", "/quit")
 
 def run_chat(engine: Engine, *, system: str | None = None, think: bool = True,
              verbose: bool = False, format_stats=None, stdin=None, stdout=None, stderr=None,
-             **options) -> int:
-    """The REPL. `options` are Engine.stream's (max_tokens, temperature, seed, ctx_size, ...);
-    `format_stats(result)` gives the text printed after each reply with `verbose`."""
+             hide_reasoning: bool = False, **options) -> int:
+    """The REPL. `options` are Engine.stream's (max_tokens, temperature, seed, ctx_size,
+    reasoning_effort, ...); `format_stats(result)` gives the text printed after each reply with
+    `verbose`; `hide_reasoning`: a reasoning model's reasoning is not shown."""
     stdin, out, err = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     if not engine.tokenizer.chat_template:
         raise InfernoError("this model has no chat template, so it cannot chat: use "
@@ -53,17 +60,23 @@ def run_chat(engine: Engine, *, system: str | None = None, think: bool = True,
             continue
 
         messages.append({"role": "user", "content": text})
+        shown = None
         try:
             stream = engine.stream(messages, system=system, think=think, session=session, **options)
+            shown = Shown(out, stream.harmony, hide_reasoning=hide_reasoning)
             for piece in stream:
-                out.write(piece)
-                out.flush()
+                shown.feed(piece)
+            shown.finish()
         except InfernoError as e:
             messages.pop()  # the message never got an answer: forget it
+            if shown is not None:
+                shown.stop()
             print(f"inferno: error: {e.for_cli()}; /clear starts a new conversation", file=err, flush=True)
             continue
         except KeyboardInterrupt:  # Ctrl-C stops the reply, not the chat
             messages.pop()
+            if shown is not None:
+                shown.stop()
             out.write("\n")
             print("(reply interrupted)", file=err, flush=True)
             continue
@@ -76,12 +89,91 @@ def run_chat(engine: Engine, *, system: str | None = None, think: bool = True,
         elif result.cut_by == "context":
             print(_dim(f"[context full: the reply was cut at {result.generated_tokens} tokens; "
                        f"raise --ctx-size, or /clear]", err), file=err, flush=True)
-        messages.append({"role": "assistant", "content": result.text})
+        if stream.harmony:  # the answer, and the reasoning for harmony.render to keep or drop
+            reply = harmony.parse(result.text)
+            messages.append({"role": "assistant", "content": reply.content, "reasoning_content": reply.reasoning})
+        else:
+            messages.append({"role": "assistant", "content": result.text})
         if verbose:
             stats = format_stats(result) if format_stats else ""
             print(f"{stats}\ncache: {result.cached_tokens} of {result.prompt_tokens} prompt tokens "
                   f"reused from earlier turns", file=err, flush=True)
     return 0
+
+
+class Shown:
+    """A reply printed as it streams: its text to `out`; a harmony reply's (`harmony`) parsed,
+    its answer to `out` and its reasoning to `thoughts` (default: `out`), dimmed where that is a
+    terminal, then a blank line (a line break on a stream of its own) before the answer; none
+    of it with `hide_reasoning`. The pieces are whole characters (the engine's detokenizer),
+    and the parser cuts them only at its tags."""
+
+    DIM, RESET = "\033[2m", "\033[0m"
+
+    def __init__(self, out, harmony_reply: bool, *, thoughts=None, hide_reasoning: bool = False):
+        self.out, self.thoughts = out, thoughts if thoughts is not None else out
+        self.parser = harmony.StreamParser() if harmony_reply else None
+        self.hide = hide_reasoning
+        self.dim = _isatty(self.thoughts)
+        self.reasoning = False  # reasoning is being shown
+        self.answered = False  # the answer has begun
+
+    def feed(self, piece: str) -> None:
+        if self.parser is None:
+            self._write(self.out, piece)
+        else:
+            self._show(self.parser.feed(piece))
+
+    def finish(self) -> None:
+        if self.parser is not None:
+            self._show(self.parser.finish())
+        self.stop()
+
+    def stop(self) -> None:
+        """The reasoning ends here (the reply ended, or was stopped): the terminal's dim off."""
+        if self.reasoning:
+            self.reasoning = False
+            self._write(self.thoughts, self.RESET if self.dim else "")
+            if self.thoughts is not self.out:
+                self._write(self.thoughts, "\n")
+
+    def _show(self, deltas) -> None:
+        for d in deltas:
+            if d.reasoning is not None:
+                self._think(d.reasoning)
+            elif d.content is not None:
+                if self.reasoning:
+                    self.stop()
+                    if self.thoughts is self.out:
+                        self._write(self.out, "\n\n")
+                self.answered = True
+                self._write(self.out, d.content)
+            elif d.name is not None:  # a call (to a function no chat here runs): shown as reasoning
+                self._think(f"\n[call {d.name}] ")
+            elif d.arguments:
+                self._think(d.arguments)
+
+    def _think(self, text: str) -> None:
+        if self.hide or not text:
+            return
+        if not self.reasoning:
+            self.reasoning = True
+            if self.answered and self.thoughts is self.out:
+                text = "\n\n" + text.lstrip("\n")
+            if self.dim:
+                text = self.DIM + text
+        self._write(self.thoughts, text)
+
+    @staticmethod
+    def _write(stream, text: str) -> None:
+        if text:
+            stream.write(text)
+            stream.flush()
+
+
+def _isatty(stream) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
 
 
 def _dim(text: str, stream) -> str:

@@ -87,6 +87,16 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="context size in tokens, prompt and reply together (default: the model's)")
 
 
+def add_reasoning_args(p: argparse.ArgumentParser, where: str) -> None:
+    from inferno.harmony import EFFORTS
+    p.add_argument("--reasoning-effort", default=None, choices=EFFORTS,
+                   help="how long a reasoning model reasons before it answers: gpt-oss's (harmony) "
+                        "effort; a model whose chat template takes none refuses it (default: medium)")
+    p.add_argument("--hide-reasoning", action="store_true",
+                   help=f"show only a reasoning model's answer, not its reasoning (shown {where}, "
+                        f"dimmed on a terminal)")
+
+
 def add_pooling_arg(p: argparse.ArgumentParser) -> None:
     from inferno.embedding import POOLINGS
     p.add_argument("--pooling", default=None, choices=POOLINGS,
@@ -153,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", "-p", required=True, help="prompt text, or - to read it from stdin")
     add_sampling_args(g)
     g.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    add_reasoning_args(g, "on stderr")
     g.add_argument("--json-schema", "-j", default=None, metavar="FILE_OR_JSON",
                    help="constrain the reply to a JSON Schema: a file, or the schema itself as JSON")
     g.add_argument("--grammar-file", default=None, metavar="FILE",
@@ -166,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(c)
     add_sampling_args(c)
     c.add_argument("--verbose", "-v", action="store_true", help="print stats after each reply")
+    add_reasoning_args(c, "before it")
     add_spec_args(c)
     c.set_defaults(func=cmd_chat)
 
@@ -346,12 +358,25 @@ def read_prompt(text: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
+def _answer(stream) -> tuple[str, str | None]:
+    """A finished stream's answer, and its reasoning: a harmony reply's (gpt-oss's) parsed apart
+    (harmony.parse), None for a model whose reply is all answer."""
+    if not stream.harmony:
+        return stream.result.text, None
+    from inferno import harmony
+    reply = harmony.parse(stream.result.text)
+    return reply.content, reply.reasoning
+
+
 def cmd_generate(args) -> int:
+    from inferno.chat import Shown
     from inferno.engine import EMPTY_PROMPT
     check_flags(args)
     prompt = read_prompt(args.prompt)
     if not prompt.strip():  # the same rule with or without --raw, and before the load
         raise InfernoError(EMPTY_PROMPT)
+    if args.raw and args.reasoning_effort is not None:
+        raise InfernoError("--reasoning-effort needs the chat template: leave out --raw")
     constraint_options(args)  # a missing file or bad JSON, before the load
     engine = load_engine(args, trace=args.trace)
     try:
@@ -361,7 +386,7 @@ def cmd_generate(args) -> int:
                   "as raw text, as --raw does", file=sys.stderr)
         try:
             stream = engine.stream(prompt, system=args.system, think=not args.no_think, raw=args.raw,
-                                   **speculative(args),
+                                   reasoning_effort=args.reasoning_effort, **speculative(args),
                                    **constraint_options(args), **sampling_options(args))
         except InfernoError as e:  # a schema or grammar the library refused: name the flag
             flag = {("grammar",): "--grammar-file", ("json_schema",): "--json-schema"}.get(e.params)
@@ -377,18 +402,24 @@ def cmd_generate(args) -> int:
                         "weight_type": engine.weight_type, "cache_type": engine.cache_type,
                         "sampling": {**_sampling_in_force(engine, args), "seed": args.seed,
                                      "max_tokens": args.max_tokens}}
-            print(json.dumps({"text": stream.result.text, **settings, **_stats_dict(stream.result)},
+            text, reasoning = _answer(stream)
+            reasoning = {"reasoning": reasoning} if reasoning is not None else {}
+            print(json.dumps({"text": text, **reasoning, **settings, **_stats_dict(stream.result)},
                              ensure_ascii=False))
         elif constrained and not sys.stdout.isatty():
             # A program reads this: the reply goes out whole, or not at all when it is cut.
             for _ in stream:
                 pass
             if stream.result.cut_by is None:
-                print(stream.result.text, flush=True)
-        else:
-            for piece in stream:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+                print(_answer(stream)[0], flush=True)
+        else:  # a harmony reply's (gpt-oss's) reasoning goes to stderr, its answer to stdout
+            shown = Shown(sys.stdout, stream.harmony, thoughts=sys.stderr, hide_reasoning=args.hide_reasoning)
+            try:
+                for piece in stream:
+                    shown.feed(piece)
+                shown.finish()
+            finally:
+                shown.stop()
             sys.stdout.write("\n")
             sys.stdout.flush()
         print(format_stats(stream.result), file=sys.stderr)
@@ -414,7 +445,8 @@ def cmd_chat(args) -> int:
     engine = load_engine(args)
     try:
         return run_chat(engine, system=args.system, think=not args.no_think, verbose=args.verbose,
-                        format_stats=format_stats, **speculative(args), **sampling_options(args))
+                        format_stats=format_stats, hide_reasoning=args.hide_reasoning,
+                        reasoning_effort=args.reasoning_effort, **speculative(args), **sampling_options(args))
     finally:
         engine.close()
 

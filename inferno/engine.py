@@ -24,7 +24,8 @@ from inferno.backends.base import CACHE_TYPES
 from inferno.formats.quant import QUANTIZERS
 from inferno.backends.tracing import TracingBackend
 from inferno.constrain import Grammar, Grammars
-from inferno.tools import detect_format, for_template, supports_tools
+from inferno import harmony
+from inferno.tools import HARMONY, detect_format, for_template, supports_tools
 from inferno.errors import InfernoError
 from inferno.draft import Replies
 from inferno import embedding
@@ -78,6 +79,9 @@ class Stream:
 
     _pieces: Iterator[str]
     result: GenerationResult | None = field(default=None)
+    # The pieces are a harmony reply (gpt-oss's chat: Engine.speaks_harmony), its tags kept:
+    # harmony.StreamParser splits them into reasoning, content and calls, harmony.parse the text.
+    harmony: bool = False
 
     def __iter__(self):
         result = yield from self._pieces
@@ -132,8 +136,13 @@ class Engine:
         self.ctx_size = check_ctx_size(ctx_size, self.config)
         self.sampling = SamplingDefaults.layered(*checkpoint.sampling)  # what a call leaves unset
         self.embedding = checkpoint.embedding  # its pooling, if its files name one (embedding.py)
-        # Tokens that end a reply: the tokenizer's turn enders and the config's eos ids.
+        # Tokens that end a reply: the tokenizer's turn enders and the config's eos ids; for a
+        # harmony chat (gpt-oss), its <|return|> and <|call|> too, whatever the config lists.
         self.eos = frozenset(self.tokenizer.eos_ids) | frozenset(self.config.eos_token_ids)
+        self.speaks_harmony = harmony.is_harmony(self.tokenizer.chat_template)
+        if self.speaks_harmony:
+            stops = (self.tokenizer.hf.token_to_id(t) for t in harmony.STOPS)
+            self.eos |= frozenset(i for i in stops if i is not None)
         self.backend = ops.name
         t0 = time.perf_counter()
         self.cache_type = check_cache_type(cache_type or getattr(ops, "default_cache_type", "f32"))
@@ -184,24 +193,42 @@ class Engine:
         return self.ops.to_numpy(self.model.forward(ids, cache))
 
     def encode_prompt(self, prompt: str | list[dict], *, system: str | None = None,
-                      think: bool = True, raw: bool = False, tools: list[dict] | None = None) -> list[int]:
+                      think: bool = True, raw: bool = False, tools: list[dict] | None = None,
+                      reasoning_effort: str | None = None) -> list[int]:
         """Token ids for a prompt: the chat template applied (a system message first, if given)
         unless `raw`, or a model without a template. A list of messages is used as is; with
         `tools` (OpenAI's function tools), the template renders them, or where it cannot, the
-        system message describes them in the generic format (tools.py)."""
+        system message describes them in the generic format (tools.py). A model whose template
+        speaks harmony (gpt-oss) has its prompt rendered by harmony.render instead, tools and
+        `reasoning_effort` (low, medium, high; None: medium) included; another template takes
+        `reasoning_effort` only where it reads that variable (else an InfernoError naming it)."""
         tok = self.tokenizer
         if isinstance(prompt, str) and not prompt.strip():
             raise InfernoError(EMPTY_PROMPT)
         if raw or not tok.chat_template:
             if not isinstance(prompt, str):
                 raise InfernoError("a raw prompt must be text, not a list of messages")
+            if reasoning_effort is not None:
+                raise InfernoError("reasoning_effort needs a chat: a raw prompt has no template to set it in",
+                                   params=("reasoning_effort",))
             return tok.encode(prompt, add_special_tokens=True)
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         if system is not None:
             messages = [{"role": "system", "content": system}] + messages
+        if self.speaks_harmony:  # the tags are special tokens: no BOS, nothing added
+            return tok.encode(harmony.render(messages, tools, reasoning_effort=reasoning_effort),
+                              add_special_tokens=False)
         native = supports_tools(tok.chat_template)
         messages = for_template(messages, tools, native)
         extra = {"tools": tools} if tools and native else {}
+        if reasoning_effort is not None:
+            if not takes_reasoning_effort(tok.chat_template):
+                raise InfernoError("reasoning_effort: this model's chat template has no reasoning effort to set "
+                                   "(gpt-oss's harmony format has; leave it out)", params=("reasoning_effort",))
+            if reasoning_effort not in harmony.EFFORTS:
+                raise InfernoError(f"reasoning_effort must be one of {', '.join(harmony.EFFORTS)}, not "
+                                   f"{reasoning_effort!r}", params=("reasoning_effort",))
+            extra["reasoning_effort"] = reasoning_effort
         text = tok.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=think, **extra)
         return tok.encode(text, add_special_tokens=False)
 
@@ -272,9 +299,18 @@ class Engine:
 
     @property
     def tool_format(self) -> str:
-        """How this model writes tool calls (tools.FORMATS): its template's, else generic."""
+        """How this model writes tool calls (tools.FORMATS, or harmony): its template's, else
+        generic."""
+        if self.speaks_harmony:
+            return HARMONY
         template = self.tokenizer.chat_template
         return detect_format(template) if supports_tools(template) else "generic"
+
+    @property
+    def reply_format(self) -> str | None:
+        """The format every chat reply is parsed in, with tools or without: harmony's (its
+        channels: reasoning, the answer, calls), or None (the reply is the answer)."""
+        return HARMONY if self.speaks_harmony else None
 
     def generate(self, prompt: str | list[dict], *, on_text: Callable[[str], None] | None = None,
                  **options) -> GenerationResult:
@@ -293,7 +329,7 @@ class Engine:
                frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
                logprobs: bool = False, top_logprobs: int = 0, json_schema: dict | str | None = None,
                grammar: str | None = None, speculative: int = 0, spec_type: str = "ngram",
-               **sampling) -> Stream:
+               reasoning_effort: str | None = None, **sampling) -> Stream:
         """Generate a reply as an iterator of text pieces; `.result` holds the stats afterwards.
 
         `max_tokens` None: up to DEFAULT_MAX_TOKENS, or fewer where the context ends first
@@ -313,12 +349,17 @@ class Engine:
         batch-invariant (simd, pool) the same text as without, greedy or seeded.
         With a `session`, the KV cache of
         earlier calls is reused for the prompt's shared prefix. This runs the same generation
-        loop as the server (scheduler.py), with this one sequence in it."""
+        loop as the server (scheduler.py), with this one sequence in it.
+        A harmony model's chat (gpt-oss; not `raw`): `reasoning_effort` (low, medium, high) goes
+        into its prompt, the reply ends at <|return|> or <|call|>, and its pieces keep the
+        format's tags (Stream.harmony): harmony.StreamParser splits them into reasoning and the
+        answer, harmony.parse the result's text."""
         constraint = None
         if json_schema is not None or grammar is not None:
             constraint = self.constraint(json_schema=json_schema, grammar=grammar)
         if prompt_ids is None:
-            prompt_ids = self.encode_prompt(prompt, system=system, think=think, raw=raw)
+            prompt_ids = self.encode_prompt(prompt, system=system, think=think, raw=raw,
+                                            reasoning_effort=reasoning_effort)
         ids = self.check_ids(prompt_ids)
         if ids.size == 0:
             raise InfernoError(EMPTY_PROMPT)
@@ -327,15 +368,17 @@ class Engine:
             room = self._context(ctx_size) - ids.size
             to_context = room < DEFAULT_MAX_TOKENS
             max_tokens = max(1, min(DEFAULT_MAX_TOKENS, room))
+        reply_format = None if raw else self.reply_format
         options = self.options(max_tokens=max_tokens, stop=stop, presence_penalty=presence_penalty,
                                frequency_penalty=frequency_penalty, logit_bias=logit_bias,
                                logprobs=logprobs, top_logprobs=top_logprobs, grammar=constraint,
-                               speculative=speculative, spec_type=spec_type, **sampling)
+                               speculative=speculative, spec_type=spec_type, tool_format=reply_format,
+                               **sampling)
         self._check_fits(ids.size, max_tokens, ctx_size)
         need = ids.size + max_tokens
         slots = session._slots(self, need) if session is not None else need
         seq = Sequence(ids.tolist(), options, self.tokenizer, self.eos)
-        return Stream(self._generate(seq, slots, to_context))
+        return Stream(self._generate(seq, slots, to_context), harmony=reply_format == HARMONY)
 
     def new_slots(self, count: int, capacity: int, *, growable: bool = False) -> Slots:
         """`count` KV cache slots of `capacity` positions for the generation loop (Scheduler),
@@ -357,14 +400,14 @@ class Engine:
                 frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
                 logprobs: bool = False, top_logprobs: int = 0, seed: int | None = None,
                 grammar: Grammar | None = None, speculative: int = 0, spec_type: str = "ngram",
-                **sampling) -> Options:
+                tool_format: str | None = None, **sampling) -> Options:
         """One generation's Options, checked: what stream takes, as the server builds them."""
         stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
         bias = tuple((int(t), float(b)) for t, b in (logit_bias or {}).items())
         opts = Options(max_tokens=max_tokens, sampling=self.sampling.params(seed=seed, **sampling),
                        stop=stop, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                        logit_bias=bias, logprobs=logprobs, top_logprobs=top_logprobs, grammar=grammar,
-                       speculative=speculative, spec_type=spec_type)
+                       speculative=speculative, spec_type=spec_type, tool_format=tool_format)
         self.check_options(opts)
         return opts
 
@@ -549,6 +592,12 @@ def _count(n: int) -> str:
         if n >= size:
             return f"{n / size:.3g}{unit}"
     return str(n)
+
+
+def takes_reasoning_effort(chat_template: str | None) -> bool:
+    """Whether a chat template reads a `reasoning_effort` variable (gpt-oss's Jinja template
+    does; harmony.render always takes one)."""
+    return harmony.is_harmony(chat_template) or "reasoning_effort" in (chat_template or "")
 
 
 def check_ctx_size(ctx_size: int | None, config=None) -> int | None:

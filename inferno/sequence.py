@@ -19,7 +19,7 @@ from inferno.constrain import apply_mask, fill_masks
 from inferno.draft import DRAFT_MAX, SPEC_TYPES
 from inferno.errors import InfernoError
 from inferno.sampling import SamplingParams, sample
-from inferno.tools import CallGuard
+from inferno.tools import TAGGED, call_guard
 
 
 def check_max_tokens(max_tokens: int) -> None:
@@ -41,7 +41,9 @@ class Options:
     logprobs: bool = False  # each token's log-probability under the raw logits
     top_logprobs: int = 0  # and the k likeliest alternatives
     grammar: object = None  # a constrain.Grammar (JSON schema, GBNF...): each token masked to it
-    tool_format: str | None = None  # tools.FORMATS: the reply holds calls; a repeated one ends it
+    # tools.FORMATS or harmony: the reply holds calls (a repeated one ends it); harmony's text
+    # keeps its tags, the special tokens its parser reads
+    tool_format: str | None = None
     speculative: int = 0  # up to this many tokens drafted a step (draft.py)
     spec_type: str = "ngram"  # how: prompt lookup, or "suffix" (earlier requests' replies too)
 
@@ -148,12 +150,15 @@ class Sampler:
 class Reply:
     """The text a sequence streams: tokens decoded into whole characters, cut at a stop string
     (what may begin one held back), and with tools, cut where a call repeats (tools.CallGuard).
-    `add` takes a token's text and says what there is to send."""
+    A format whose tags are special tokens (harmony: tools.TAGGED) keeps them in the text, for
+    its parser; otherwise special tokens are not text. `add` takes a token's text and says what
+    there is to send."""
 
     def __init__(self, tokenizer, stops: tuple[str, ...], tool_format: str | None):
         self.tokenizer, self.stops = tokenizer, stops
-        self.guard = CallGuard(tool_format) if tool_format else None
-        self._decoder = tokenizer.stream()
+        self.guard = call_guard(tool_format)
+        self.skip_special = tool_format not in TAGGED
+        self._decoder = tokenizer.stream(skip_special_tokens=self.skip_special)
         self._decoded = ""  # the stream decoder's text so far
         self.text = ""  # the reply: decoded text, cut at a stop string
         self.sent = 0  # characters of `text` already sent
@@ -171,7 +176,8 @@ class Reply:
         if final:
             # What a whole decode has beyond the stream's text, as Engine.stream does; a
             # character the end cut in half is dropped.
-            piece += self.tokenizer.decode(tokens)[len(self._decoded):].rstrip("\ufffd")
+            piece += self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special)[
+                len(self._decoded):].rstrip("\ufffd")
         self.text += piece
         hold = 0
         if self.stops and piece:

@@ -8,6 +8,10 @@ Formats, chosen from the template (llama.cpp's common/chat.cpp does the same):
   `<|python_tag|>`, several separated by `;`.
 - generic (templates without tools; `generic_system_prompt` teaches it): the reply is one JSON
   object, `{"tool_calls": [{"name": ..., "arguments": {...}}]}` or `{"response": "..."}`.
+- harmony (gpt-oss): OpenAI's harmony format, harmony.py's: the reply's channels are reasoning,
+  content and calls (tags that are special tokens, kept in the text for its parser); one call
+  ends the reply (<|call|>). Its parser, grammars and guard are chosen here (stream_parser,
+  tool_choice_grammar, call_guard), so a caller never asks which format it has.
 A call that does not parse stays in the content as text. Arguments are JSON text, as OpenAI
 sends them: the model's own text of the object, so the streamed fragments and the whole reply
 give the same string.
@@ -20,36 +24,27 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from inferno.constrain import JSON_OPTIONS, json_defaults
+from inferno.calls import Delta, ToolCall, collect, functions, json_rule as _json
 from inferno.errors import InfernoError
 
-FORMATS = ("hermes", "llama3", "generic")
+FORMATS = ("hermes", "llama3", "generic")  # this module's parser's (StreamParser)
+HARMONY = "harmony"  # harmony.py's: any format a model speaks is one of FORMATS or this
 OPEN, CLOSE, PYTHON_TAG = "<tool_call>", "</tool_call>", "<|python_tag|>"
+# Formats whose tags are special tokens that a reply's text must keep (decoded with them) for its
+# parser, which strips them: none of them reaches a client.
+TAGGED = (HARMONY,)
 
 
 def detect_format(chat_template: str | None) -> str:
+    from inferno.harmony import is_harmony
     t = chat_template or ""
+    if is_harmony(t):
+        return HARMONY
     if OPEN in t:
         return "hermes"
     if PYTHON_TAG in t or ("ipython" in t and "parameters" in t):  # Llama 3.1 / 3.2 / 3.3
         return "llama3"
     return "generic"
-
-
-def functions(tools) -> list[dict]:
-    """OpenAI tools ({"type": "function", "function": {...}}, or the function itself) as
-    {"name", "description", "parameters"}, checked."""
-    out = []
-    for tool in tools or ():
-        fn = tool.get("function", tool) if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise InfernoError("each of tools needs a function with a name", params=("tools",))
-        params = fn.get("parameters") or {"type": "object"}
-        if not isinstance(params, dict):
-            raise InfernoError(f"tool {fn['name']}: parameters must be a JSON Schema object",
-                               params=("tools",))
-        out.append({"name": fn["name"], "description": fn.get("description", ""), "parameters": params})
-    return out
 
 
 def generic_system_prompt(tools) -> str:
@@ -109,36 +104,32 @@ def _as_object(arguments):
 
 
 # -- parsing ---------------------------------------------------------------------------------------
-@dataclass
-class ToolCall:
-    name: str
-    arguments: str  # JSON text
-    id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))
-
-
-@dataclass
-class Delta:
-    """Streamed output: content text, or part of tool call `index` (id and name in its first
-    delta, then argument fragments that concatenate to its arguments)."""
-    content: str | None = None
-    index: int | None = None
-    id: str | None = None
-    name: str | None = None
-    arguments: str | None = None
-
-
 def parse(format: str, text: str) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a whole reply: the streamed deltas, collected."""
-    p = StreamParser(format)
-    content, calls = [], []
-    for d in p.feed(text) + p.finish():
-        if d.content is not None:
-            content.append(d.content)
-        elif d.name is not None:
-            calls.append(ToolCall(d.name, d.arguments, d.id))
-        else:
-            calls[d.index].arguments += d.arguments
-    return "".join(content), calls
+    _, content, calls = parse_reply(format, text)
+    return content, calls
+
+
+def parse_reply(format: str, text: str) -> tuple[str, str, list[ToolCall]]:
+    """(reasoning, content, calls) of a whole reply in `format`: its streamed deltas (those of
+    stream_parser), collected. Reasoning is harmony's (its analysis); "" in the other formats."""
+    p = stream_parser(format)
+    return collect(p.feed(text) + p.finish())
+
+
+def stream_parser(format: str):
+    """A reply's streamed parser for `format`: feed(text) and finish() give Deltas (harmony's
+    also carry `reasoning`)."""
+    if format == HARMONY:
+        from inferno.harmony import StreamParser as HarmonyParser
+        return HarmonyParser()
+    return StreamParser(format)
+
+
+def call_guard(format: str | None) -> "CallGuard | None":
+    """What ends a reply in `format` whose calls repeat (CallGuard); None without a format, and
+    for harmony, whose reply ends at its one call."""
+    return CallGuard(format) if format and format != HARMONY else None
 
 
 # -- a call object read as it streams --------------------------------------------------------------
@@ -330,7 +321,7 @@ class StreamParser:
     repeated call."""
 
     def __init__(self, format: str):
-        if format not in FORMATS:
+        if format not in FORMATS:  # (harmony's parser is harmony.py's: stream_parser)
             raise ValueError(f"unknown tool-call format {format!r}")
         self.format = format
         self.text = ""  # everything fed
@@ -691,13 +682,6 @@ class _Squeezed:
 
 
 # -- grammars (llguidance Lark, for constrain.Grammars.compile(lark=...)) -------------------------
-def _json(schema: dict) -> str:
-    # lenient: a keyword llguidance does not implement (an unknown "format") is ignored in a
-    # tool's parameters rather than failing the request. Closed objects and bounded numbers,
-    # as for any schema (constrain.json_defaults).
-    return "%json " + json.dumps({"x-guidance": {**JSON_OPTIONS, "lenient": True}, **json_defaults(schema)})
-
-
 def _one_call(format: str, tools) -> dict:
     """The schema of one call to any of `tools`: its name, then arguments valid for that tool."""
     key = "parameters" if format == "llama3" else "arguments"
@@ -777,6 +761,9 @@ def auto_grammar(format: str, tools, parallel: bool = True, grammars=None) -> st
 def tool_choice_grammar(format: str, tools, tool_choice="auto", parallel: bool = True,
                         grammars=None) -> str | None:
     """The grammar for a request's tool_choice: None for "none", or without tools."""
+    if format == HARMONY:
+        from inferno.harmony import tool_choice_grammar as harmony_grammar
+        return harmony_grammar(tools, tool_choice, parallel, grammars)
     if not tools or tool_choice == "none":
         return None
     if tool_choice in ("auto", "required"):

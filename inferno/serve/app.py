@@ -242,22 +242,29 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         return JSONResponse(body)
 
     async def start_chat(batch: BatchEngine, req: ChatRequest) -> tuple[Response, Handle]:
-        """A chat completion's request queued: its envelope and handle."""
+        """A chat completion's request queued: its envelope and handle. A harmony model's (gpt-oss)
+        prompt is harmony.render's, with the request's reasoning_effort, and its replies are
+        parsed into reasoning_content, content and tool_calls, tools or not (engine.reply_format)."""
         engine = batch.engine
         try:
             tools = functions(req.tool_dicts) if req.tools else None
-            ids = engine.encode_prompt([m.as_dict() for m in req.messages], tools=req.tool_dicts)
+            ids = engine.encode_prompt([m.as_dict() for m in req.messages], tools=req.tool_dicts,
+                                       reasoning_effort=req.reasoning_effort)
         except InfernoError as e:
-            raise APIError(400, str(e), param="tools" if "tools" in e.params else "messages") from None
+            param = next((p for p in e.params if p in ("tools", "reasoning_effort")), "messages")
+            raise APIError(400, str(e), param=param) from None
         rf = req.response_format
         grammar = await compile_constraint(engine, req.constraint(),
                                            "response_format" if rf and rf.type != "text" else None)
-        tool_format = None
+        tool_format = engine.reply_format
         if req.calls_tools:
             tool_format = engine.tool_format
             choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedChoice) else req.tool_choice or "auto"
-            lark = await asyncio.to_thread(tool_choice_grammar, tool_format, tools, choice, req.parallel_tool_calls,
-                                           engine.grammars)
+            try:
+                lark = await asyncio.to_thread(tool_choice_grammar, tool_format, tools, choice,
+                                               req.parallel_tool_calls, engine.grammars)
+            except InfernoError as e:  # (harmony's: a vocabulary without its tags)
+                raise APIError(400, str(e), param=e.params[0] if e.params else "tools") from None
             grammar = await compile_constraint(engine, {"lark": lark}, param="tools")
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, batch.ctx_size - len(ids))
         options = req.options(engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0, grammar,

@@ -47,6 +47,8 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
     tool_calls: list[ToolCall] | None = None
+    # a reasoning model's reasoning (gpt-oss's analysis channel), apart from its answer
+    reasoning_content: str | None = None
 
 
 class ChatChoice(BaseModel):
@@ -81,9 +83,20 @@ class Completion(BaseModel):
     usage: Usage
 
 
+class ChatDelta(BaseModel):
+    """What one chunk adds to its choice's message: the role (first), text of its content or of
+    its reasoning (a reasoning model's, gpt-oss's analysis), or a tool call's part (id and name
+    first, then argument fragments); {} with a finish_reason."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict] | None = None
+
+
 class ChatChunkChoice(BaseModel):
     index: int
-    delta: dict  # role, content, tool_calls: what this chunk adds
+    delta: ChatDelta
     logprobs: dict | None
     finish_reason: str | None
 

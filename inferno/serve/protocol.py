@@ -21,8 +21,7 @@ from inferno.embedding import encode_base64
 from inferno.errors import InfernoError
 from inferno.sampling import SamplingDefaults
 from inferno.sequence import Event, Options, TokenLogprob
-from inferno.tools import StreamParser
-from inferno.tools import parse as parse_calls
+from inferno.tools import parse_reply, stream_parser
 
 
 class APIError(Exception):
@@ -41,7 +40,7 @@ class APIError(Exception):
 # Fields of OpenAI's API this server does not implement, with the value that asks for nothing.
 UNSUPPORTED = {
     "functions": None, "function_call": "none", "audio": None,
-    "modalities": ["text"], "prediction": None, "web_search_options": None, "reasoning_effort": None,
+    "modalities": ["text"], "prediction": None, "web_search_options": None,
     "echo": False, "suffix": None, "best_of": 1,
 }
 
@@ -165,6 +164,9 @@ class Message(Body):
     tool_calls: list[ToolCallItem] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
     name: str | None = None
+    # an assistant's reasoning, as this server sends it back (vLLM's field): a harmony prompt
+    # keeps it across the tool calls of the turn still going on, as gpt-oss's template does
+    reasoning_content: str | None = None
 
     def as_dict(self) -> dict:
         content = self.content if not isinstance(self.content, list) else "".join(p.text for p in self.content)
@@ -174,7 +176,7 @@ class Message(Body):
         out = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
         if self.tool_calls:
             out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
-        for key in ("tool_call_id", "name"):
+        for key in ("tool_call_id", "name", "reasoning_content"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -219,6 +221,9 @@ class ChatRequest(Request):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedChoice | None = None
     parallel_tool_calls: bool = True
+    # OpenAI's, for reasoning models: gpt-oss's (harmony's `Reasoning: ...`; medium when not
+    # given), or a chat template's that reads it; any other model refuses it (a 400)
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -299,11 +304,12 @@ class Response:
 
     def __init__(self, kind: Literal["chat", "text"], model: str, tokens: "TokenText",
                  tool_format: str | None = None, fenced: bool = False):
-        """`tool_format` (tools.FORMATS): the replies are parsed for tool calls in that format.
+        """`tool_format` (tools.FORMATS, or harmony): the replies are parsed for tool calls in
+        that format (harmony's for its reasoning too: a harmony model's replies always are).
         `fenced`: their JSON may come in a ```json fence (constrain.fenced), which is removed."""
         self.kind, self.model, self.tokens, self.tool_format = kind, model, tokens, tool_format
         self.fenced = fenced
-        self.parsers: dict[int, StreamParser] = {}  # choice -> its streamed tool-call parser
+        self.parsers: dict[int, object] = {}  # choice -> its streamed parser (tools.stream_parser)
         self.unfences: dict[int, Unfence] = {}  # choice -> its fence remover
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
@@ -314,19 +320,24 @@ class Response:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
     def chunk_choices(self, ev: Event) -> list[dict]:
-        """The streamed choice chunks of `ev`: its text (content and tool-call deltas, when
-        tools are parsed), log-probabilities and finish."""
+        """The streamed choice chunks of `ev`: its text (reasoning, content and tool-call deltas,
+        when the reply is parsed), log-probabilities and finish. A harmony reply's tags are
+        never sent: its parser reads them."""
         if self.kind == "chat" and self.fenced:
             unfence = self.unfences.setdefault(ev.index, Unfence())
             text = unfence.feed(ev.text) + (unfence.finish() if ev.finish_reason else "")
             return [self.chunk_choice(dataclasses.replace(ev, text=text))]
         if self.kind != "chat" or self.tool_format is None:
             return [self.chunk_choice(ev)]
-        parser = self.parsers.setdefault(ev.index, StreamParser(self.tool_format))
+        parser = self.parsers.get(ev.index)
+        if parser is None:
+            parser = self.parsers[ev.index] = stream_parser(self.tool_format)
         deltas = parser.feed(ev.text) + (parser.finish() if ev.finish_reason else [])
         chunks = []
         for d in deltas:
-            if d.content is not None:
+            if getattr(d, "reasoning", None) is not None:
+                chunks.append({"reasoning_content": d.reasoning})
+            elif d.content is not None:
                 chunks.append({"content": d.content})
             else:
                 call = {"index": d.index, "function": {"arguments": d.arguments}}
@@ -383,8 +394,10 @@ class Response:
             if self.kind == "chat":
                 message, finish = {"role": "assistant", "content": text}, merged.finish_reason
                 if self.tool_format is not None:  # the reply as content and calls, as streamed
-                    content, calls = parse_calls(self.tool_format, text)
+                    reasoning, content, calls = parse_reply(self.tool_format, text)
                     message = {"role": "assistant", "content": content or (None if calls else "")}
+                    if reasoning:
+                        message["reasoning_content"] = reasoning
                     if calls:
                         message["tool_calls"] = [{"id": c.id, "type": "function",
                                                   "function": {"name": c.name, "arguments": c.arguments}}

@@ -7,7 +7,10 @@ tool's answer), function tools and `text.format` the chat's tools and response_f
 runs on the chat's path (app.start_chat: template, grammar, tool-call parsing, the batch), and
 its events come back as Responses output items: a message with output_text, function calls.
 Streamed, the chat's deltas become Responses events (`Events`): response.created, an item
-added, its text or arguments in deltas, the item done, response.completed.
+added, its text or arguments in deltas, the item done, response.completed. A reasoning model's
+reasoning (gpt-oss's analysis, the chat's reasoning_content) is never output text: `reasoning`
+({"effort": ...}) sets the chat's reasoning_effort, and the reasoning is kept only in the stored
+conversation, where a harmony prompt reads it back during a turn of tool calls.
 
 A stored response (`store`, true by default) keeps its conversation, input and output, in
 memory (the last STORED of them), so that `previous_response_id` continues it; an unknown id
@@ -46,6 +49,7 @@ class ResponsesRequest(Body):
     top_p: float | None = Field(None, gt=0, le=1)
     metadata: dict | None = None
     user: str | None = None
+    reasoning: dict | None = None  # {"effort": "low" | "medium" | "high"}: the chat's reasoning_effort
 
     def check_supported(self) -> None:
         """Every field is read (to_chat); the rest of OpenAI's are ignored, as extra fields are."""
@@ -58,6 +62,8 @@ class ResponsesRequest(Body):
         messages += input_messages(items)
         body = {"model": self.model, "messages": messages, "parallel_tool_calls": self.parallel_tool_calls,
                 "max_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p}
+        if (self.reasoning or {}).get("effort") is not None:
+            body["reasoning_effort"] = self.reasoning["effort"]
         if self.tools:
             body["tools"] = [chat_tool(t, i) for i, t in enumerate(self.tools)]
         if isinstance(self.tool_choice, dict):
@@ -78,6 +84,8 @@ class ResponsesRequest(Body):
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
+            if where.startswith("reasoning_effort"):
+                where = "reasoning.effort"
             raise APIError(400, f"{where}: {err['msg']}", param="input" if where.startswith("messages") else where) from None
 
 
@@ -151,6 +159,7 @@ class Reply:
         self.output: list[dict] = []
         self.usage: dict | None = None
         self.finish: str | None = None
+        self.reasoning = ""  # the chat's reasoning_content: for the stored conversation only
 
     def body(self, status: str) -> dict:
         req = self.req
@@ -178,6 +187,7 @@ class Reply:
         """The response from the chat completion's non-streamed body."""
         choice = chat_body["choices"][0]
         message, self.finish = choice["message"], choice["finish_reason"]
+        self.reasoning = message.get("reasoning_content") or ""
         if message.get("content"):
             self.output.append(message_item(message["content"]))
         for call in message.get("tool_calls") or ():
@@ -193,6 +203,8 @@ class Reply:
         reply = {"role": "assistant", "content": text or (None if calls else "")}
         if calls:
             reply["tool_calls"] = calls
+        if self.reasoning:
+            reply["reasoning_content"] = self.reasoning
         return self.messages + [reply]
 
 
@@ -215,6 +227,7 @@ class Events:
 
     def chunk(self, choice: dict) -> list[str]:
         out, delta = [], choice.get("delta") or {}
+        self.reply.reasoning += delta.get("reasoning_content") or ""  # not output: stored only
         if delta.get("content"):
             if self.message is None:
                 self.message = message_item("", status="in_progress")

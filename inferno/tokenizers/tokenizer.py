@@ -41,8 +41,10 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def stream(self) -> "StreamDecoder":
-        return StreamDecoder(self.hf)
+    def stream(self, skip_special_tokens: bool = True) -> "StreamDecoder":
+        """A streaming decoder; `skip_special_tokens` False keeps special tokens as their text
+        (harmony's tags, which its parser reads)."""
+        return StreamDecoder(self.hf, skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             **kwargs) -> str:
@@ -87,9 +89,9 @@ class Tokenizer:
 class StreamDecoder:
     """Token ids in, printable text out: `step` returns "" while a character is incomplete."""
 
-    def __init__(self, tokenizer: HFTokenizer):
+    def __init__(self, tokenizer: HFTokenizer, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
 
     def step(self, token_id: int) -> str:
         return self._stream.step(self._tokenizer, int(token_id)) or ""
