@@ -100,6 +100,33 @@ def test_a_reply_streams_and_the_conversation_survives_a_reload(page, server, mo
     assert page.text_content("#convs li.on span") == "Hello there"
 
 
+def test_reasoning_content_shows_apart_and_folds_once_answered(page):
+    """A reasoning model's `delta.reasoning_content` (gpt-oss's analysis channel, as the server
+    sends it): shown in its own foldable block, open while it streams, folded under the answer,
+    kept across a reload. The server's reply is played back by the browser (page.route), so
+    the reasoning is the page's only variable."""
+    chunk = lambda delta: json.dumps({"choices": [{"index": 0, "delta": delta}]})  # noqa: E731
+    events = [chunk({"role": "assistant"}), chunk({"reasoning_content": "The user asks for a capital."}),
+              chunk({"reasoning_content": " France's is **Paris**."}), chunk({"content": "Paris."}),
+              json.dumps({"choices": [], "timings": {"predicted_n": 3, "predicted_per_second": 50.0,
+                                                      "prompt_ms": 12.0}}), "[DONE]"]
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"content-type": "text/event-stream"},
+        body="".join(f"data: {e}\n\n" for e in events)))
+    ask(page, "Capital of France?")
+    page.wait_for_selector(".msg.assistant .stats")
+    think = page.locator(".msg.assistant details.think")
+    assert think.locator("summary").text_content() == "Reasoning"
+    assert "The user asks for a capital. France's is Paris." in think.text_content()
+    assert think.locator("strong").text_content() == "Paris"  # markdown, as the answer's
+    assert think.get_attribute("open") is None  # folded: the answer came
+    body = page.locator(".msg.assistant .body")
+    assert body.text_content().endswith("Paris.")
+    page.reload()
+    page.wait_for_selector(".msg.assistant details.think")
+    assert "France's is Paris." in page.text_content(".msg.assistant details.think")
+
+
 def test_stop_ends_the_reply_and_frees_the_slot(page, server, monkeypatch):
     engine = server[1].batch.engine
     run = engine.model.run
