@@ -49,7 +49,7 @@ def test_llama3_rope_scaling_keeps_short_wavelengths():
     ({"num_key_value_heads": 3}, "must be a multiple"),
     ({"attention_bias": True}, "attention_bias"),
     ({"rope_theta": None}, "rope_theta"),
-    ({"rope_theta": 1e4, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'"),
+    ({"rope_theta": 1e4, "rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope type 'longrope'"),
 ])
 def test_bad_configs_are_clear_errors(change, message):
     cfg = {**BASE, "rope_theta": 1e4, **change}

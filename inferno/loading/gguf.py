@@ -113,7 +113,7 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
     if arch not in ARCHITECTURES:
         raise InfernoError(f"{path.name}: unsupported GGUF architecture {arch!r:.80}; inferno runs "
                            f"{', '.join(ARCHITECTURES[:-1])} and {ARCHITECTURES[-1]} GGUF files "
-                           f"(e.g. SmolLM2, Llama 3, Mixtral, Qwen2.5, Qwen3, Qwen3-MoE, Gemma 3)")
+                           f"(e.g. SmolLM2, Llama 3, Mixtral, Qwen2.5, Qwen3, Qwen3-MoE, Gemma 3, gpt-oss)")
     infos = gf.tensors
     _check_tensors(path, arch, infos)
     tokenizer = tokenizer_from_gguf(meta, path.name)
