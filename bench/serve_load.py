@@ -21,6 +21,8 @@ generates exactly --max-tokens tokens. Scenarios:
          the whole history resent every turn, against llama.cpp's own llama-server (built by
          ../shared/bin/llama-server.sh) with the same --parallel; and a newcomer whose system
          prompt a busy slot holds. Prefix reuse is what it measures.
+  ray    the turns workload on two Ray Serve replicas, Ray's default router against --router
+         prefix, beside one replica (not in the default set: it starts Ray; --rounds).
 Per run: aggregate generated tok/s (all tokens / wall time, prefill included), aggregate decode
 tok/s (tokens after each stream's first / the time some stream was between its first token and
 its last: the other prompts' prefill steps fall inside it), "all decoding" tok/s (tokens in the
@@ -356,12 +358,19 @@ async def conversation(c, model: str, system: str, client_no: int, turns: int, m
     return out
 
 
-async def turns_run(url: str, clients: int, turns: int, max_tokens: int, bias: dict):
+def own_prompt(client_no: int) -> str:
+    """A system prompt as long as system_prompt's that shares nothing with another client's:
+    each conversation's own document."""
+    words = system_prompt().split(" ")
+    random.Random(client_no).shuffle(words)
+    return f"Document {client_no}: " + " ".join(words)
+
+
+async def turns_run(url: str, clients: int, turns: int, max_tokens: int, bias: dict, shared: bool = True):
     c = client(url)
-    system = system_prompt()
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(conversation(c, "bench", system, i, turns, max_tokens, bias)
-                                     for i in range(clients)))
+    results = await asyncio.gather(*(conversation(c, "bench", system_prompt() if shared else own_prompt(i), i,
+                                                  turns, max_tokens, bias) for i in range(clients)))
     wall = time.perf_counter() - t0
     await c.close()
     return wall, [r for conv in results for r in conv]
@@ -447,8 +456,33 @@ def scenario_turns(args, bias):
               f"TTFT turns 2+ {ours[1] / peer[1]:.2f}x")
 
 
+def scenario_ray(args, bias):
+    """The turns workload (4 clients x 5 turns, the history resent) on two Ray Serve replicas
+    (one CPU each), Ray's default router against --router prefix, beside one replica (`inferno
+    serve`, both cores); each client's system prompt its own (`--shared-system`: one for all,
+    which every replica's slots then hold). Rounds alternate the three servers."""
+    clients, turns, n, per_slot = 4, 5, 48, 2048
+    results: dict[str, list] = {}
+    print(f"system prompts: {'one shared by every client' if args.shared_system else 'one per client, sharing nothing'}")
+    for _ in range(args.rounds):
+        for label, extra in (("one replica", []), ("2 replicas, default router", ["--ray", "--replicas", "2"]),
+                             ("2 replicas, prefix router", ["--ray", "--replicas", "2", "--router", "prefix"])):
+            port = free_port()
+            cmd = inferno_cmd(args, port) + extra
+            cmd[cmd.index("--parallel") + 1], cmd[cmd.index("--ctx-size") + 1] = str(clients), str(per_slot)
+            with server(cmd, port=port) as (url, _):
+                asyncio.run(load(url, "bench", ["Hi"], 4, bias, "warm-up"))
+                wall, rows = asyncio.run(turns_run(url, clients, turns, n, bias, shared=args.shared_system))
+                turns_report(label, wall, rows)
+            results.setdefault(label, []).append((wall, np.median([r["ttft"] for r in rows if r["turn"]])))
+    one = np.median([t for _, t in results["one replica"]])
+    for label, runs in results.items():
+        print(f"{label:<28} median of {len(runs)}: total {np.median([w for w, _ in runs]):.1f} s, TTFT turns 2+ "
+              f"{np.median([t for _, t in runs]) * 1e3:.0f} ms ({np.median([t for _, t in runs]) / one:.2f}x one replica's)")
+
+
 SCENARIOS = {"load": scenario_load, "join": scenario_join, "burst": scenario_burst, "itl": scenario_itl,
-             "turns": scenario_turns}
+             "turns": scenario_turns, "ray": scenario_ray}
 
 
 def main(argv=None) -> int:
@@ -463,13 +497,15 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="default: all")
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip llama-cpp-python's server")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the ray scenario")
+    p.add_argument("--shared-system", action="store_true", help="ray scenario: one system prompt for every client")
     args = p.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # each line as it is measured, into a file too
     import platform
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.model.name}, "
           f"{args.backend}, --parallel {args.parallel}, {args.clients} clients x {args.max_tokens} tokens")
     bias = {str(t): -100 for t in stop_ids(args.model)}
-    for name in args.scenario or list(SCENARIOS):
+    for name in args.scenario or [s for s in SCENARIOS if s != "ray"]:
         SCENARIOS[name](args, bias)
     return 0
 

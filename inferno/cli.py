@@ -129,6 +129,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_pooling_arg(p)
     p.add_argument("--ray", action="store_true", help="run as Ray Serve replicas (pip install -e '.[ray]' in inferno's folder)")
     p.add_argument("--replicas", type=_positive_int, default=1, help="with --ray: replicas, each with its own engine")
+    p.add_argument("--router", choices=("default", "prefix"), default="default",
+                   help="with --ray: Ray Serve's default router, or routing on the prompt's prefix to the "
+                        "replica that holds it (power-of-two choices once the replicas' queues differ by two requests)")
     p.add_argument("--ray-address", default=None,
                    help="with --ray: the cluster to join ('auto', or HOST:6379 from `ray start --head`; "
                         "default: a local cluster)")
@@ -478,7 +481,8 @@ def cmd_serve(args) -> int:
                           pooling=args.pooling, **speculative(args))
     if args.ray:
         from inferno.serve.ray_app import run
-        return run(config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address)
+        return run(config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address,
+                   router=args.router)
     from inferno.serve.server import run
     return run(config, host=args.host, port=args.port, drain_timeout=args.drain_timeout,
                log_level=args.log_level)

@@ -1,5 +1,6 @@
 """`inferno serve --ray`: the same app as two Ray Serve replicas on a local Ray cluster, each
-with its own engine, behind Ray's router, driven by the `openai` client."""
+with its own engine, behind Ray's router (or the prefix router's gateway), driven by the
+`openai` client."""
 
 from __future__ import annotations
 
@@ -11,14 +12,19 @@ import ray
 from ray import serve
 
 from inferno.serve.app import ServerConfig
-from inferno.serve.ray_app import deployment
+from inferno.serve.ray_app import deployment, routed_deployment
 
 
-def test_two_replicas_behind_ray_serve(qwen3_dir):
+def free_port() -> int:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
+    return port
+
+
+def test_two_replicas_behind_ray_serve(qwen3_dir):
+    port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -40,6 +46,48 @@ def test_two_replicas_behind_ray_serve(qwen3_dir):
             texts = list(pool.map(chat, [False, True] * 3))
         assert len(set(texts)) == 1 and texts[0]  # the same greedy answer from either replica
         assert [m.id for m in client.models.list()] == ["tiny"]
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def test_the_prefix_router_sends_each_turn_where_its_prefix_is(qwen3_dir):
+    """Two replicas behind the gateway: four conversations of three turns, each turn resending
+    its history. Every later turn lands on the replica that served the earlier ones, so its
+    history comes from that replica's slots (cached_tokens at least the last turn's prompt);
+    Ray's default router would put about half of them on the other replica, where nothing is
+    cached. Streaming passes through the gateway as a stream."""
+    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        # four slots a replica: all four conversations fit on either, so no prefix is evicted
+        config = ServerConfig(model=str(qwen3_dir), model_id="tiny", parallel=4, ctx_size=512)
+        serve.run(routed_deployment(config, replicas=2, cpus=1), name="inferno", route_prefix="/")
+        assert serve.status().applications["inferno"].deployments["inferno"].replica_states == {"RUNNING": 2}
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+
+        def conversation(k: int) -> list[tuple[int, int]]:
+            history, seen = [{"role": "system", "content": f"You are assistant number {k}. " * 4}], []
+            for turn in range(3):
+                history.append({"role": "user", "content": f"Question {turn} of conversation {k}?"})
+                reply = client.chat.completions.create(model="tiny", messages=history, max_tokens=6, temperature=0)
+                usage = reply.usage
+                seen.append((usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens))
+                history.append({"role": "assistant", "content": reply.choices[0].message.content})
+            return seen
+
+        # one at a time: the replicas' queues stay level, so every turn is routed on its prefix
+        # (past IMBALANCE requests of difference, load decides: not what this test is about)
+        turns = [conversation(k) for k in range(4)]
+        for seen in turns:
+            for (before, _), (_, cached) in zip(seen, seen[1:]):
+                assert cached >= before - 8, turns  # the last turn's prompt (bar its last tokens) was cached
+        stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=6, temperature=0, stream=True)
+        pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+        assert len(pieces) > 1
+        assert [m.id for m in client.models.list()] == ["tiny"]  # no prompt: routed on load
     finally:
         serve.shutdown()
         ray.shutdown()
