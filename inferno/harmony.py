@@ -537,15 +537,15 @@ def _ends(tag: str, grammars) -> str:
 
 def harmony_grammar(tools, tool_choice="auto", grammars=None) -> str:
     """The reply: any number of analysis (or preamble) messages, then an answer on final (auto
-    only) or one call to one of `tools` (to the named one) whose arguments match its schema.
-    One call: the reply ends at <|call|>."""
-    fns = functions(tools)
+    and none) or one call to one of `tools` (to the named one; none for "none") whose arguments
+    match its schema. One call: the reply ends at <|call|>."""
+    fns = [] if tool_choice == "none" else functions(tools)
     if isinstance(tool_choice, dict):
         name = (tool_choice.get("function") or {}).get("name")
         fns = [f for f in fns if f["name"] == name]
         if not fns:
             raise InfernoError(f"tool_choice names {name!r}, which is not in tools", params=("tool_choice",))
-    if not fns:
+    if not fns and tool_choice != "none":
         raise InfernoError("tool_choice needs a tool in tools", params=("tools", "tool_choice"))
     t = {tag: _tag(tag, grammars) for tag in (START, END, MESSAGE, CHANNEL, CONSTRAIN)}
     lark = ["%llguidance {}", "TEXT: /(.|\\n)*/",
@@ -558,7 +558,7 @@ def harmony_grammar(tools, tool_choice="auto", grammars=None) -> str:
         lark.append(f'head{k}: {t[CHANNEL]} "commentary" {to} ctype? | {to} {t[CHANNEL]} "commentary" ctype?')
         lark.append(f"call{k}: head{k} {t[MESSAGE]} {json_rule(f['parameters'])}{_ends(CALL, grammars)}")
         calls.append(f"call{k}")
-    if tool_choice == "auto":
+    if tool_choice in ("auto", "none"):
         calls.append("final")
         lark.append(f'final: {t[CHANNEL]} "final" {t[MESSAGE]} TEXT{_ends(RETURN, grammars)}')
     lark.append(f"reply: {' | '.join(calls)}")
@@ -567,10 +567,12 @@ def harmony_grammar(tools, tool_choice="auto", grammars=None) -> str:
 
 def tool_choice_grammar(tools, tool_choice="auto", parallel: bool = True, grammars=None) -> str | None:
     """The grammar for a request's tool_choice (tools.tool_choice_grammar's, for harmony): None
-    for "none", or without tools. `parallel` changes nothing: a harmony reply ends at its call."""
-    if not tools or tool_choice == "none":
+    without tools. "none" still needs one: the tools are in the prompt, and a harmony reply is
+    parsed for calls whatever the request said, so the grammar leaves the model its reasoning
+    and an answer, and no call. `parallel` changes nothing: a harmony reply ends at its call."""
+    if not tools:
         return None
-    if tool_choice not in ("auto", "required") and not isinstance(tool_choice, dict):
+    if tool_choice not in ("none", "auto", "required") and not isinstance(tool_choice, dict):
         raise InfernoError(f"tool_choice must be none, auto, required or a function, not {tool_choice!r}",
                            params=("tool_choice",))
     return harmony_grammar(tools, tool_choice, grammars)

@@ -551,6 +551,10 @@ def test_grammars_accept_and_reject_sample_replies(grammars):
         assert accepts(g, auto, text), text
     assert not accepts(g, required, THOUGHT + final) and accepts(g, required, THOUGHT + weather)
     assert accepts(g, named, THOUGHT + CALL_ADD) and not accepts(g, named, THOUGHT + weather)
+    # "none": the tools are in the prompt, but the reply may only reason, then answer
+    none = g.compile(lark=H.tool_choice_grammar(TOOLS, "none", grammars=g))
+    assert accepts(g, none, THOUGHT + final) and accepts(g, none, preamble + final)
+    assert not accepts(g, none, THOUGHT + CALL_ADD) and not accepts(g, none, THOUGHT + weather)
     for text in ("It is sunny.",  # no channel
                  '<|channel|>commentary to=functions.add<|message|>{"a": "1", "b": 2}',  # a string for a number
                  '<|channel|>commentary to=functions.add<|message|>{"a": 1}',  # b missing
@@ -562,7 +566,7 @@ def test_grammars_accept_and_reject_sample_replies(grammars):
 
 def test_grammar_tags_and_tool_choice(grammars):
     g = grammars["gpt-oss"]
-    assert H.tool_choice_grammar(TOOLS, "none") is None and H.tool_choice_grammar([], "auto") is None
+    assert H.tool_choice_grammar([], "auto") is None and H.tool_choice_grammar([], "none") is None
     assert H.tool_choice_grammar(TOOLS, "auto", parallel=False) == H.tool_choice_grammar(TOOLS, "auto")
     # where the stop tags are end tokens, the matcher's end ends the reply; elsewhere they are written
     assert "<|call|>" not in H.tool_choice_grammar(TOOLS, "required", grammars=g)

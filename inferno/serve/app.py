@@ -256,16 +256,18 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         rf = req.response_format
         grammar = await compile_constraint(engine, req.constraint(),
                                            "response_format" if rf and rf.type != "text" else None)
-        tool_format = engine.reply_format
-        if req.calls_tools:
-            tool_format = engine.tool_format
+        tool_format = engine.tool_format if req.calls_tools else engine.reply_format
+        # tool_choice "none" has a grammar where the format parses calls anyway (harmony's), and
+        # no other constraint holds the reply
+        if req.tools and (req.calls_tools or grammar is None):
             choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedChoice) else req.tool_choice or "auto"
             try:
-                lark = await asyncio.to_thread(tool_choice_grammar, tool_format, tools, choice,
+                lark = await asyncio.to_thread(tool_choice_grammar, engine.tool_format, tools, choice,
                                                req.parallel_tool_calls, engine.grammars)
             except InfernoError as e:  # (harmony's: a vocabulary without its tags)
                 raise APIError(400, str(e), param=e.params[0] if e.params else "tools") from None
-            grammar = await compile_constraint(engine, {"lark": lark}, param="tools")
+            if lark is not None:
+                grammar = await compile_constraint(engine, {"lark": lark}, param="tools")
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, batch.ctx_size - len(ids))
         options = req.options(engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0, grammar,
                               tool_format, config.speculative, config.spec_type)
