@@ -37,9 +37,11 @@ class ToolCall:
 
 @dataclass
 class Delta:
-    """Streamed output: content text, or part of tool call `index` (id and name in its first
-    delta, then argument fragments that concatenate to its arguments)."""
+    """Streamed output: content text, reasoning text (harmony's analysis), or part of tool call
+    `index` (id and name in its first delta, then argument fragments that concatenate to its
+    arguments)."""
     content: str | None = None
+    reasoning: str | None = None
     index: int | None = None
     id: str | None = None
     name: str | None = None
@@ -56,10 +58,10 @@ def json_rule(schema: dict) -> str:
 
 def collect(deltas) -> tuple[str, str, list[ToolCall]]:
     """(reasoning, content, calls) of a whole reply, from its streamed deltas: what a parser's
-    feed and finish gave (reasoning: harmony's Deltas carry it)."""
+    feed and finish gave."""
     reasoning, content, calls = [], [], []
     for d in deltas:
-        if getattr(d, "reasoning", None) is not None:
+        if d.reasoning is not None:
             reasoning.append(d.reasoning)
         elif d.content is not None:
             content.append(d.content)

@@ -89,16 +89,17 @@ def run_chat(engine: Engine, *, system: str | None = None, think: bool = True,
         elif result.cut_by == "context":
             print(_dim(f"[context full: the reply was cut at {result.generated_tokens} tokens; "
                        f"raise --ctx-size, or /clear]", err), file=err, flush=True)
-        if stream.harmony:  # the answer, and the reasoning for harmony.render to keep or drop
-            reply = harmony.parse(result.text)
-            messages.append({"role": "assistant", "content": reply.content, "reasoning_content": reply.reasoning})
-        else:
-            messages.append({"role": "assistant", "content": result.text})
+        content, reasoning = answer(stream)  # the reasoning for harmony.render to keep or drop
+        messages.append({"role": "assistant", "content": content,
+                         **({"reasoning_content": reasoning} if reasoning is not None else {})})
         if verbose:
             stats = format_stats(result) if format_stats else ""
             print(f"{stats}\ncache: {result.cached_tokens} of {result.prompt_tokens} prompt tokens "
                   f"reused from earlier turns", file=err, flush=True)
     return 0
+
+
+DIM, RESET = "\033[2m", "\033[0m"  # faint text on a terminal, and back
 
 
 class Shown:
@@ -107,8 +108,6 @@ class Shown:
     terminal, then a blank line (a line break on a stream of its own) before the answer; none
     of it with `hide_reasoning`. The pieces are whole characters (the engine's detokenizer),
     and the parser cuts them only at its tags."""
-
-    DIM, RESET = "\033[2m", "\033[0m"
 
     def __init__(self, out, harmony_reply: bool, *, thoughts=None, hide_reasoning: bool = False):
         self.out, self.thoughts = out, thoughts if thoughts is not None else out
@@ -133,7 +132,7 @@ class Shown:
         """The reasoning ends here (the reply ended, or was stopped): the terminal's dim off."""
         if self.reasoning:
             self.reasoning = False
-            self._write(self.thoughts, self.RESET if self.dim else "")
+            self._write(self.thoughts, RESET if self.dim else "")
             if self.thoughts is not self.out:
                 self._write(self.thoughts, "\n")
 
@@ -161,7 +160,7 @@ class Shown:
             if self.answered and self.thoughts is self.out:
                 text = "\n\n" + text.lstrip("\n")
             if self.dim:
-                text = self.DIM + text
+                text = DIM + text
         self._write(self.thoughts, text)
 
     @staticmethod
@@ -171,6 +170,15 @@ class Shown:
             stream.flush()
 
 
+def answer(stream) -> tuple[str, str | None]:
+    """A finished stream's answer, and its reasoning: a harmony reply's (gpt-oss's) parsed apart
+    (harmony.parse), None for a model whose reply is all answer."""
+    if not stream.harmony:
+        return stream.result.text, None
+    reply = harmony.parse(stream.result.text)
+    return reply.content, reply.reasoning
+
+
 def _isatty(stream) -> bool:
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
@@ -178,7 +186,7 @@ def _isatty(stream) -> bool:
 
 def _dim(text: str, stream) -> str:
     """Faint text on a terminal; plain in a pipe or a file."""
-    return f"\033[2m{text}\033[0m" if stream.isatty() else text
+    return f"{DIM}{text}{RESET}" if stream.isatty() else text
 
 
 def _read(stdin, interactive: bool) -> str | None:

@@ -361,18 +361,8 @@ def read_prompt(text: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
-def _answer(stream) -> tuple[str, str | None]:
-    """A finished stream's answer, and its reasoning: a harmony reply's (gpt-oss's) parsed apart
-    (harmony.parse), None for a model whose reply is all answer."""
-    if not stream.harmony:
-        return stream.result.text, None
-    from inferno import harmony
-    reply = harmony.parse(stream.result.text)
-    return reply.content, reply.reasoning
-
-
 def cmd_generate(args) -> int:
-    from inferno.chat import Shown
+    from inferno.chat import Shown, answer
     from inferno.engine import EMPTY_PROMPT
     check_flags(args)
     prompt = read_prompt(args.prompt)
@@ -405,7 +395,7 @@ def cmd_generate(args) -> int:
                         "weight_type": engine.weight_type, "cache_type": engine.cache_type,
                         "sampling": {**_sampling_in_force(engine, args), "seed": args.seed,
                                      "max_tokens": args.max_tokens}}
-            text, reasoning = _answer(stream)
+            text, reasoning = answer(stream)
             reasoning = {"reasoning": reasoning} if reasoning is not None else {}
             print(json.dumps({"text": text, **reasoning, **settings, **_stats_dict(stream.result)},
                              ensure_ascii=False))
@@ -414,7 +404,7 @@ def cmd_generate(args) -> int:
             for _ in stream:
                 pass
             if stream.result.cut_by is None:
-                print(_answer(stream)[0], flush=True)
+                print(answer(stream)[0], flush=True)
         else:  # a harmony reply's (gpt-oss's) reasoning goes to stderr, its answer to stdout
             shown = Shown(sys.stdout, stream.harmony, thoughts=sys.stderr, hide_reasoning=args.hide_reasoning)
             try:

@@ -22,12 +22,13 @@ How the server uses it, where the model's template speaks harmony (`is_harmony(t
 - the reply's text must keep the special tokens (decode with skip_special_tokens=False): a
   stop token at its end may be there or not.
 - streamed: one `StreamParser()` per choice, `feed(text)` each piece and `finish()` at the end;
-  each Delta is calls.Delta plus `reasoning`: send `reasoning` as `delta.reasoning_content`,
-  `content` as `delta.content`, a call's deltas as tools.py's (id and name first, then argument
-  fragments). finish_reason "tool_calls" when `parser.count` (a call was named).
+  each Delta (calls.Delta) is reasoning, content or a call's: send `reasoning` as
+  `delta.reasoning_content`, `content` as `delta.content`, a call's deltas as tools.py's (id and
+  name first, then argument fragments). finish_reason "tool_calls" when `parser.count` (a call was named).
 - whole: `parse(text)` -> Reply(reasoning, content, calls).
 - tool_choice: `tool_choice_grammar(tools, choice, grammars=engine_grammars)`, compiled with
-  Grammars.compile(lark=...), as tools.py's; None for "none" or without tools.
+  Grammars.compile(lark=...), as tools.py's; None without tools ("none" holds the reply to
+  reasoning and an answer).
 
 Choices made here (documented where the format leaves them open):
 - commentary text without a recipient (a "preamble" before calls) is content: it is meant for
@@ -54,8 +55,7 @@ from dataclasses import dataclass, field
 from datetime import date as Date
 from datetime import datetime
 
-from inferno import calls as _calls
-from inferno.calls import ToolCall, collect, functions, json_rule
+from inferno.calls import Delta, ToolCall, collect, functions, json_rule
 from inferno.errors import InfernoError
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
@@ -335,12 +335,6 @@ def _one_of_property(key: str, mark: str, val: dict, variants: list, indent: str
 
 
 # -- parsing ----------------------------------------------------------------------------------------
-@dataclass
-class Delta(_calls.Delta):
-    """calls.Delta (content, or part of tool call `index`), or reasoning text."""
-    reasoning: str | None = None
-
-
 @dataclass
 class Message:
     """One message of a reply, as its header said: the text of its body."""

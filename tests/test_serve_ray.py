@@ -5,6 +5,7 @@ with its own engine, behind Ray's router (or the prefix router's gateway), drive
 from __future__ import annotations
 
 import socket
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -15,25 +16,28 @@ from inferno.serve.app import ServerConfig
 from inferno.serve.ray_app import deployment, routed_deployment
 
 
-def free_port() -> int:
+@contextmanager
+def two_replicas(build, config: ServerConfig):
+    """A local Ray cluster of 2 CPUs serving `build(config, replicas=2, cpus=1)`, both replicas
+    running: the `openai` client of its URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    return port
-
-
-def test_two_replicas_behind_ray_serve(qwen3_dir):
-    port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        config = ServerConfig(model=str(qwen3_dir), model_id="tiny", parallel=2, ctx_size=128)
-        serve.run(deployment(config, replicas=2, cpus=1), name="inferno", route_prefix="/")
-        replicas = serve.status().applications["inferno"].deployments["inferno"].replica_states
-        assert replicas == {"RUNNING": 2}
+        serve.run(build(config, replicas=2, cpus=1), name="inferno", route_prefix="/")
+        assert serve.status().applications["inferno"].deployments["inferno"].replica_states == {"RUNNING": 2}
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+
+def test_two_replicas_behind_ray_serve(qwen3_dir):
+    config = ServerConfig(model=str(qwen3_dir), model_id="tiny", parallel=2, ctx_size=128)
+    with two_replicas(deployment, config) as client:
         ask = dict(model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0)
 
         def chat(stream: bool) -> str:
@@ -46,9 +50,6 @@ def test_two_replicas_behind_ray_serve(qwen3_dir):
             texts = list(pool.map(chat, [False, True] * 3))
         assert len(set(texts)) == 1 and texts[0]  # the same greedy answer from either replica
         assert [m.id for m in client.models.list()] == ["tiny"]
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 def test_the_prefix_router_sends_each_turn_where_its_prefix_is(qwen3_dir):
@@ -57,16 +58,9 @@ def test_the_prefix_router_sends_each_turn_where_its_prefix_is(qwen3_dir):
     history comes from that replica's slots (cached_tokens at least the last turn's prompt);
     Ray's default router would put about half of them on the other replica, where nothing is
     cached. Streaming passes through the gateway as a stream."""
-    port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        # four slots a replica: all four conversations fit on either, so no prefix is evicted
-        config = ServerConfig(model=str(qwen3_dir), model_id="tiny", parallel=4, ctx_size=512)
-        serve.run(routed_deployment(config, replicas=2, cpus=1), name="inferno", route_prefix="/")
-        assert serve.status().applications["inferno"].deployments["inferno"].replica_states == {"RUNNING": 2}
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-
+    # four slots a replica: all four conversations fit on either, so no prefix is evicted
+    config = ServerConfig(model=str(qwen3_dir), model_id="tiny", parallel=4, ctx_size=512)
+    with two_replicas(routed_deployment, config) as client:
         def conversation(k: int) -> list[tuple[int, int]]:
             history, seen = [{"role": "system", "content": f"You are assistant number {k}. " * 4}], []
             for turn in range(3):
@@ -88,6 +82,3 @@ def test_the_prefix_router_sends_each_turn_where_its_prefix_is(qwen3_dir):
         pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
         assert len(pieces) > 1
         assert [m.id for m in client.models.list()] == ["tiny"]  # no prompt: routed on load
-    finally:
-        serve.shutdown()
-        ray.shutdown()

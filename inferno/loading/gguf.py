@@ -25,7 +25,7 @@ import numpy as np
 from inferno.formats.cache_types import widen_bf16
 from inferno.formats.quant import QTYPES, QuantTensor
 from inferno.errors import InfernoError, one_line
-from inferno.model.config import Experts, ModelConfig, RopeScaling
+from inferno.model.config import Experts, ModelConfig, RopeScaling, yarn_mscale
 from inferno.formats.gguf_file import GGUFFile, TensorInfo, read_gguf
 from inferno.tokenizers.gguf_tokenizer import tokenizer_from_gguf
 from inferno.loading.checkpoint import Checkpoint
@@ -226,7 +226,7 @@ def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str,
                               original_max_position_embeddings=int(key("rope.scaling.original_context_length")),
                               beta_fast=_f32(key("rope.scaling.yarn_beta_fast", 32.0)),
                               beta_slow=_f32(key("rope.scaling.yarn_beta_slow", 1.0)), truncate=True,
-                              attention_factor=None if attn is None else _f32(attn) * _yarn_mscale(
+                              attention_factor=None if attn is None else _f32(attn) * yarn_mscale(
                                   _f32(key("rope.scaling.factor"))))
     elif scaling_type == "none":
         scaling = RopeScaling()
@@ -287,9 +287,6 @@ def experts_from_gguf(meta: dict, arch: str, infos: dict, layers: int, key) -> E
     return Experts(count, int(key("expert_used_count")), inter,
                    bool(meta.get(f"{arch}.expert_weights_norm", True)), sparse)
 
-
-def _yarn_mscale(factor: float) -> float:
-    return 0.1 * np.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def _f32(x) -> float:

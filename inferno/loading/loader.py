@@ -16,7 +16,7 @@ import numpy as np
 
 from inferno.errors import InfernoError
 from inferno.loading.checkpoint import Checkpoint, progress_bar
-from inferno.formats.quant import QuantTensor, as_float32, mxfp4_from_hf
+from inferno.formats.quant import QTYPES, QuantTensor, as_float32, mxfp4_from_hf
 from inferno.model.config import ModelConfig
 from inferno.loading.gguf import load_gguf
 from inferno.loading.pooling import spec_from_folder
@@ -145,24 +145,23 @@ def gpt_oss_experts(tensors: dict, p: str, i: int, folder: Path) -> None:
     tensors[p + "mlp.experts.up_proj.bias"] = np.ascontiguousarray(gate_up_bias[:, 1::2])
     tensors[p + "mlp.experts.down_proj.bias"] = as_float32(take("mlp.experts.down_proj_bias"))
     if p + "mlp.experts.gate_up_proj_blocks" in tensors:
-        for m in ("gate_up", "down"):
-            blocks, scales = take(f"mlp.experts.{m}_proj_blocks"), take(f"mlp.experts.{m}_proj_scales")
-            n, out, nblocks, _ = blocks.shape
-            data = mxfp4_from_hf(blocks, scales).reshape(n, out, -1)  # [n_expert, out, row bytes]
-            shape = (n * out // (2 if m == "gate_up" else 1), nblocks * 32)
-            if m == "down":
-                tensors[STACKED.format(i=i, m="down")] = QuantTensor("MXFP4", shape, data.reshape(n * out, -1))
-            else:
-                for half, name in ((0, "gate"), (1, "up")):
-                    rows = np.ascontiguousarray(data[:, half::2]).reshape(shape[0], -1)
-                    tensors[STACKED.format(i=i, m=name)] = QuantTensor("MXFP4", shape, rows)
-        return
-    gate_up = np.asarray(take("mlp.experts.gate_up_proj"), np.float32)  # [n_expert, hidden, 2 * inter]
-    down = np.asarray(take("mlp.experts.down_proj"), np.float32)  # [n_expert, inter, hidden]
-    hidden = gate_up.shape[1]
-    tensors[STACKED.format(i=i, m="gate")] = np.ascontiguousarray(gate_up[:, :, 0::2].transpose(0, 2, 1)).reshape(-1, hidden)
-    tensors[STACKED.format(i=i, m="up")] = np.ascontiguousarray(gate_up[:, :, 1::2].transpose(0, 2, 1)).reshape(-1, hidden)
-    tensors[STACKED.format(i=i, m="down")] = np.ascontiguousarray(down.transpose(0, 2, 1)).reshape(-1, down.shape[1])
+        def experts(m):  # [n_expert, out, row bytes]: ggml's MXFP4 rows
+            blocks = take(f"mlp.experts.{m}_proj_blocks")
+            return mxfp4_from_hf(blocks, take(f"mlp.experts.{m}_proj_scales")).reshape(*blocks.shape[:2], -1)
+
+        def matrix(t):  # [n_expert, rows, row bytes] -> a stacked MXFP4 matrix
+            rows, mx = t.shape[0] * t.shape[1], QTYPES["MXFP4"]
+            return QuantTensor(mx, (rows, t.shape[2] // mx.block_bytes * mx.block), np.ascontiguousarray(t).reshape(rows, -1))
+    else:
+        def experts(m):  # [n_expert, out, in] float32 (stored transposed)
+            return np.asarray(take(f"mlp.experts.{m}_proj"), np.float32).transpose(0, 2, 1)
+
+        def matrix(t):
+            return np.ascontiguousarray(t).reshape(-1, t.shape[-1])
+    gate_up = experts("gate_up")  # [n_expert, 2 * inter, hidden]
+    tensors[STACKED.format(i=i, m="gate")] = matrix(gate_up[:, 0::2])
+    tensors[STACKED.format(i=i, m="up")] = matrix(gate_up[:, 1::2])
+    tensors[STACKED.format(i=i, m="down")] = matrix(experts("down"))
 
 
 def _stack(parts: list, what: str, folder: Path):

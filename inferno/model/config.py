@@ -181,9 +181,7 @@ class ModelConfig:
         rs = self.rope_scaling
         if rs.rope_type != "yarn":
             return 1.0
-        if rs.attention_factor is not None:
-            return float(rs.attention_factor)
-        return 0.1 * math.log(rs.factor) + 1.0 if rs.factor > 1 else 1.0
+        return float(rs.attention_factor) if rs.attention_factor is not None else yarn_mscale(rs.factor)
 
     @property
     def family(self) -> Family:
@@ -303,6 +301,12 @@ class ModelConfig:
             )
         except KeyError as e:
             raise InfernoError(f"model config: config.json has no {e.args[0]!r} field") from None
+
+
+def yarn_mscale(factor: float) -> float:
+    """YaRN's default factor on cos and sin for a context stretched `factor` times: 0.1 ln(factor)
+    + 1 (transformers' yarn_get_mscale, llama.cpp's rope_yarn)."""
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def yarn_inv_freq(inv: np.ndarray, rs: RopeScaling, head_dim: int, theta: float) -> np.ndarray:

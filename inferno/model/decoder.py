@@ -428,10 +428,8 @@ class DecoderModel:
         ops = self.ops
         if layer.experts is not None:
             moe = self.cfg.experts
-            if layer.expert_biases is None and moe.clamp is None:
-                return ops.moe(h, layer.router, layer.experts, moe.top_k, moe.norm_topk)  # [rows, hidden]
             return ops.moe(h, layer.router, layer.experts, moe.top_k, moe.norm_topk,
-                           biases=layer.expert_biases, clamp=moe.clamp)
+                           biases=layer.expert_biases, clamp=moe.clamp)  # [rows, hidden]
         gate, up = ops.linear_many(h, layer.gate_up)  # [rows, intermediate] x 2
         act = ops.gelu_mul(gate, up) if self.cfg.activation == "gelu_tanh" else ops.silu_mul(gate, up)
         return ops.linear(act, layer.down_proj)  # [rows, hidden]

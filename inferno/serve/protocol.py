@@ -335,7 +335,7 @@ class Response:
         deltas = parser.feed(ev.text) + (parser.finish() if ev.finish_reason else [])
         chunks = []
         for d in deltas:
-            if getattr(d, "reasoning", None) is not None:
+            if d.reasoning is not None:
                 chunks.append({"reasoning_content": d.reasoning})
             elif d.content is not None:
                 chunks.append({"content": d.content})

@@ -33,7 +33,6 @@ from fastapi.responses import StreamingResponse
 from inferno.errors import InfernoError
 from inferno.serve.app import ServerConfig, build_app
 
-ROUTERS = ("default", "prefix")
 # Requests of difference between the replicas' queues past which the prefix router routes on
 # load alone (power-of-two choices). A bigger bound lets a prefix that every conversation
 # shares (an agent's system prompt) pull them all onto one replica while the other idles
@@ -162,18 +161,36 @@ def prefix_router():
     return PrefixRouter
 
 
+def replica_config(config: ServerConfig, cpus: int) -> ServerConfig:
+    """A replica's server config: the pool backend on its share of the cores (Numba's default
+    is every core of the node, not our share)."""
+    options = dict(config.backend_options)
+    if config.backend == "pool" and options.get("threads") is None:
+        options["threads"] = cpus
+    return replace(config, backend_options=tuple(options.items()))
+
+
+def replica_options(config: ServerConfig, replicas: int, cpus: int) -> dict:
+    """serve.deployment's options for the replicas. Ray's router must not hold back what the
+    scheduler would queue: the replica answers 429."""
+    return dict(name="inferno", num_replicas=replicas, ray_actor_options={"num_cpus": cpus},
+                max_ongoing_requests=config.parallel + config.queue_limit + 1)
+
+
+def check_health(app) -> None:
+    """A replica's health for Ray: the engine's load error, if it failed."""
+    error = app.state.inferno.error
+    if error is not None:
+        raise RuntimeError(error)
+
+
 def deployment(config: ServerConfig, replicas: int, cpus: int):
     """A bound Ray Serve application of `replicas` replicas of `config`'s server."""
     from ray import serve
 
-    options = dict(config.backend_options)
-    if config.backend == "pool" and options.get("threads") is None:
-        options["threads"] = cpus  # Numba's default is every core of the node, not our share
-    config = replace(config, backend_options=tuple(options.items()))
+    config = replica_config(config, cpus)
 
-    # Ray's router must not hold back what the scheduler would queue: the replica answers 429.
-    @serve.deployment(name="inferno", num_replicas=replicas, ray_actor_options={"num_cpus": cpus},
-                      max_ongoing_requests=config.parallel + config.queue_limit + 1)
+    @serve.deployment(**replica_options(config, replicas, cpus))
     @serve.ingress()
     class Inferno:
         def __init__(self, config: ServerConfig):
@@ -183,9 +200,7 @@ def deployment(config: ServerConfig, replicas: int, cpus: int):
             return build_app(self.config, background_load=False)
 
         def check_health(self):
-            error = self.app.state.inferno.error  # `app`: Ray's wrapper's, the one built above
-            if error is not None:
-                raise RuntimeError(error)
+            check_health(self.app)  # `app`: Ray's wrapper's, the one built above
 
     return Inferno.bind(config)
 
@@ -196,16 +211,12 @@ def routed_deployment(config: ServerConfig, replicas: int, cpus: int):
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
-    options = dict(config.backend_options)
-    if config.backend == "pool" and options.get("threads") is None:
-        options["threads"] = cpus
-    config = replace(config, backend_options=tuple(options.items()))
+    config = replica_config(config, cpus)
     router = RequestRouterConfig(request_router_class=prefix_router(),
                                  request_router_kwargs={"imbalanced_threshold": IMBALANCE})
+    options = replica_options(config, replicas, cpus)
 
-    @serve.deployment(name="inferno", num_replicas=replicas, ray_actor_options={"num_cpus": cpus},
-                      max_ongoing_requests=config.parallel + config.queue_limit + 1,
-                      request_router_config=router)
+    @serve.deployment(**options, request_router_config=router)
     class Replica:
         async def __init__(self, config: ServerConfig):
             self.app = build_app(config, background_load=False)
@@ -217,14 +228,12 @@ def routed_deployment(config: ServerConfig, replicas: int, cpus: int):
                 yield piece
 
         def check_health(self):
-            error = self.app.state.inferno.error
-            if error is not None:
-                raise RuntimeError(error)
+            check_health(self.app)
 
     gateway_app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
     @serve.deployment(name="gateway", ray_actor_options={"num_cpus": 0},
-                      max_ongoing_requests=replicas * (config.parallel + config.queue_limit + 1))
+                      max_ongoing_requests=replicas * options["max_ongoing_requests"])
     @serve.ingress(gateway_app)
     class Gateway:
         def __init__(self, replicas):
