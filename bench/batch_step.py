@@ -3,6 +3,10 @@ token after its own cached context, as the scheduler runs it (no HTTP, no sampli
 
     python bench/batch_step.py                          # SmolLM2 on pool, B = 1, 2, 4, 8, 16
     python bench/batch_step.py -m gemma3-270m -B 1,8 --trace
+    python bench/batch_step.py --check -B 1,4,8,16      # one sequence, B rows: a draft's check
+
+`--check`: one sequence's step over B new rows with every row's logits, as speculative decoding
+checks a draft of B - 1 tokens (rows against B = 1: what a drafted token costs).
 
 Per B: the median step time over -r steps, tokens/s (B / step) and that rate against B = 1 in
 the same run: what continuous batching can buy before the server adds its own costs.
@@ -28,6 +32,7 @@ def main() -> None:
     p.add_argument("-c", "--context", type=int, default=100, help="cached tokens per sequence")
     p.add_argument("-r", "--steps", type=int, default=20)
     p.add_argument("--trace", action="store_true")
+    p.add_argument("--check", action="store_true", help="one sequence, B rows, every row's logits")
     p.add_argument("--int8", choices=("default", "on", "off"), default="default")
     args = p.parse_args()
     opts = {} if args.int8 == "default" else {"int8_activations": args.int8 == "on"}
@@ -38,20 +43,31 @@ def main() -> None:
     vocab = engine.config.vocab_size
     base = None
     print(f"{engine.source}, {args.backend}, {args.context} cached tokens per sequence")
-    print("|  B | step ms | tokens/s | vs B=1 |\n| ---: | ---: | ---: | ---: |")
+    if args.check:
+        print("|  rows | step ms | cost vs 1 row |\n| ---: | ---: | ---: |")
+    else:
+        print("|  B | step ms | tokens/s | vs B=1 |\n| ---: | ---: | ---: | ---: |")
     for B in sizes:
-        cache = model.new_cache(args.context + args.steps + 2, slots=B)
-        for s in range(B):  # each slot's context, one prefill each
+        slots = 1 if args.check else B
+        cache = model.new_cache(args.context + (B if args.check else args.steps + 2), slots=slots)
+        for s in range(slots):  # each slot's context, one prefill each
             model.step([Segment(rng.integers(0, vocab, args.context), s, 0, logits=False)], cache)
         if args.trace:
             ops.reset()
         times = []
         for k in range(args.steps + 2):
-            segs = [Segment(rng.integers(0, vocab, 1), s, args.context + k) for s in range(B)]
+            if args.check:  # the same place each time: the check's rows overwrite the last one's
+                segs = [Segment(rng.integers(0, vocab, B), 0, args.context, every_row=True)]
+            else:
+                segs = [Segment(rng.integers(0, vocab, 1), s, args.context + k) for s in range(B)]
             t0 = time.perf_counter()
             ops.to_numpy(model.step(segs, cache))
             times.append(time.perf_counter() - t0)
         ms = float(np.median(times[2:])) * 1e3
+        if args.check:
+            base = base or ms
+            print(f"| {B:2d} | {ms:7.2f} | {ms / base:5.2f}x |")
+            continue
         rate = B / ms * 1e3
         base = base or rate
         print(f"| {B:2d} | {ms:7.2f} | {rate:8.1f} | {rate / base:5.2f}x |")

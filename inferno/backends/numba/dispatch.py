@@ -45,9 +45,10 @@ NAMES = ("ldot.l_rows", "lgemm.l_gemm", "qdot.k_rows", "qdot.k_few", "qgemm.k_ge
          "qkernels.prefill_rows", "fdot.f_rows")
 
 # Activation rows up to which the legacy kinds' l_rows beats lgemm's GEMM, whose packing of the
-# weights costs more than a few rows save (SmolLM2's Q8_0 lm_head prefers l_rows at four rows,
-# its Q4_1 matrices the GEMM: bench/RESULTS.md, "Batch-invariant logits").
-LEGACY_FEW = 3
+# weights costs more than a few rows save: a speculative check of up to 8 rows, or a batched
+# step of up to 8 sequences, as whole steps of SmolLM2 and Gemma 3 (bench/RESULTS.md, "A
+# cheaper check of a draft"). Either kernel gives the same bits: this is about speed only.
+LEGACY_FEW = 8
 # Activation rows up to which the quantized kinds' float32 row kernels (few_rows) beat dequantised
 # tiles + sgemm.
 FEW_MAX = 16
