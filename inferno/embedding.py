@@ -61,6 +61,9 @@ class Pooler:
 
     pooling: str
     finish: object  # vector(s) -> vector(s): the Dense layers, truncation and norm (Embedder)
+    # A model that attends both ways: every row depends on every other, so the text goes
+    # through in one pass from position 0, and no cached prefix stands in for rows.
+    whole: bool = False
     _sum: np.ndarray | None = None
     _rows: list = field(default_factory=list)
     _count: int = 0
@@ -84,8 +87,9 @@ class Pooler:
 
     @property
     def reuses_prefix(self) -> bool:
-        """Whether a cached prefix may stand in for rows: only where the last row alone is pooled."""
-        return self.pooling == "last"
+        """Whether a cached prefix may stand in for rows: only where the last row alone is
+        pooled, and the rows before it did not see what came after them."""
+        return self.pooling == "last" and not self.whole
 
     def result(self) -> np.ndarray:
         if self.pooling == "mean":
@@ -103,9 +107,10 @@ class Embedder:
     pooling: str
     normalize: bool = True
     dimensions: int | None = None
+    whole: bool = False  # the model attends both ways: each text in one pass (Pooler.whole)
 
     def pooler(self) -> Pooler:
-        return Pooler(self.pooling, self.finish)
+        return Pooler(self.pooling, self.finish, self.whole)
 
     def finish(self, v: np.ndarray) -> np.ndarray:
         """Dense layers, truncation, norm: of one vector [d], or of each row of [n, d]."""

@@ -239,7 +239,7 @@ class Engine:
         spec = self.embedding
         chosen = check_pooling(pooling) if pooling is not None else spec.pooling or DEFAULT_POOLING
         spec.check_dimensions(dimensions, self.config.hidden_size)
-        return Embedder(spec, chosen, normalize, dimensions)
+        return Embedder(spec, chosen, normalize, dimensions, whole=self.config.bidirectional)
 
     @property
     def embedding_note(self) -> str | None:
@@ -412,7 +412,12 @@ class Engine:
         return opts
 
     def check_options(self, opts: Options) -> None:
-        """Options no generation of this model can take, as one error naming the option."""
+        """Options no generation of this model can take, as one error naming the option; and
+        no generation at all from a model that attends both ways (an embedding model)."""
+        if self.config.bidirectional:
+            raise InfernoError(f"{Path(self.source).name} attends both ways (an embedding model, such as "
+                               f"EmbeddingGemma): it embeds texts (inferno embed, /v1/embeddings) but "
+                               f"generates nothing; load a chat model to generate")
         opts.check(self.config.vocab_size)
         if opts.speculative and opts.spec_type == "draft" and self.draft is None:
             raise InfernoError("spec_type draft needs a draft model: load it with the target (--model-draft; "

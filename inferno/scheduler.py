@@ -14,7 +14,8 @@ the server's BatchEngine runs it on its own thread for every request. Each step:
      prefix of its prompt (see Slots);
   2. one forward pass (model.step) over every running sequence: one token each for those
      decoding, and for those still prefilling up to `chunk` prompt tokens in all, oldest first,
-     so a long prompt enters over several steps and the running streams never stall behind it;
+     so a long prompt enters over several steps and the running streams never stall behind it
+     (but for a text of a model that attends both ways, whole in one step: Sequence.whole_prompt);
   3. sample each sequence's next token from its own row, with its own settings and generator;
   4. retire the finished, keeping the tokens their slots hold for the next prompt.
 
@@ -283,8 +284,11 @@ class Scheduler:
             if seq.prefilling and budget > 0:
                 if not self._catch_up(seq, ahead):
                     continue
+                left = len(seq.prompt) - seq.pos
+                if seq.whole_prompt and left > budget and batch:
+                    continue  # a step of its own, or one with room for all of it
                 ahead.append(seq)
-                ids = seq.next_ids(int(min(budget, len(seq.prompt) - seq.pos)))
+                ids = seq.next_ids(left if seq.whole_prompt else int(min(budget, left)))
                 budget -= ids.size
                 last = seq.pos + ids.size == len(seq.prompt)  # only the last chunk samples
                 embeds = seq.pooler is not None  # an embedding: every chunk's hidden rows, no logits

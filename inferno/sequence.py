@@ -244,6 +244,11 @@ class Sequence:
         that pools rows the cache does not keep (every one, or the first)."""
         return self.pooler is None or self.pooler.reuses_prefix
 
+    @property
+    def whole_prompt(self) -> bool:
+        """Whether the prompt must go through in one pass (embedding.Pooler.whole)."""
+        return self.pooler is not None and self.pooler.whole
+
     def embedded(self) -> Event:
         """An embedding's final event, once its whole prompt is in: the pooled vector."""
         self.finish_reason = "stop"

@@ -330,7 +330,7 @@ def test_the_collector_is_back_on_after_a_load(good_gguf, tmp_path):
 def test_unsupported_architecture(llama_dir, tmp_path):
     path = write_gguf(llama_dir, tmp_path / "phi.gguf", arch="phi3")
     assert_one_line_error(cli("generate", "-m", path, "-p", "hi"),
-                          "unsupported GGUF architecture 'phi3'", "llama, qwen2, qwen3, qwen3moe, gemma3 and gpt-oss")
+                          "unsupported GGUF architecture 'phi3'", "llama, qwen2, qwen3, qwen3moe, gemma3, gemma-embedding and gpt-oss")
 
 
 def test_unsupported_tensor_type(llama_dir, tmp_path):

@@ -130,9 +130,11 @@ def mixed_types(name: str, w: np.ndarray, index: int):
 
 
 def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch: str | None = None,
-               pre: str = "gpt-2", pooling: int | None = None) -> Path:
+               pre: str = "gpt-2", pooling: int | None = None, extra: dict | None = None) -> Path:
     """`types(gguf_name, array, index)` picks each tensor's GGML type. `arch` overrides the
-    architecture written (for error tests); `pooling` is llama.cpp's pooling_type to write."""
+    architecture written (for error tests; gemma-embedding for a Gemma 3 folder); `pooling` is
+    llama.cpp's pooling_type to write; `extra` more float32 tensors by GGUF name (EmbeddingGemma's
+    dense_2.weight and dense_3.weight)."""
     from safetensors.numpy import load_file
 
     folder = Path(folder)
@@ -156,6 +158,10 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
     w.add_rope_freq_base(cfg.get("rope_theta") or rope.get("full_attention", rope)["rope_theta"])
     if hf_arch in ("gemma3", "gpt-oss"):
         w.add_sliding_window(cfg["sliding_window"])
+    if arch_name == "gemma-embedding" and cfg.get("layer_types"):
+        # a flag a layer, which llama.cpp reads (load_swa_pattern); its converter leaves
+        # EmbeddingGemma to the default, every sixth layer global, which the real one has
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
     if rope.get("rope_type") == "yarn":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
@@ -212,6 +218,9 @@ def write_gguf(folder: Path, out: Path, *, types=lambda name, w, i: T.F32, arch:
     rope_type = (cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}).get("rope_type")
     if rope_type == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg, head_dim))
+
+    for name, t in (extra or {}).items():
+        w.add_tensor(name, np.asarray(t, np.float32))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -336,8 +336,10 @@ class Backend:
         q [seq_q, n_heads * head_dim]; k, v [seq_k, n_kv_heads * head_dim]; query head h reads KV
         head h // (n_heads // n_kv_heads). With `causal` the diagonal is bottom-right aligned:
         query row i sits at position p = (seq_k - seq_q) + i and sees keys 0..p, so a chunk
-        after a cache works unchanged. A sliding `window` (causal only; 0: none) keeps the
-        window newest of those, keys p - window < j <= p, as transformers and llama.cpp do.
+        after a cache works unchanged. A sliding `window` (0: none) keeps the window newest of
+        those, keys p - window < j <= p, as transformers and llama.cpp do; without `causal`
+        (a model that attends both ways: EmbeddingGemma) it keeps keys on either side,
+        |p - j| < window, as transformers' bidirectional Gemma 3 does.
         `scale` defaults to 1 / sqrt(head_dim).
 
         `sinks` (gpt-oss's attention sinks: this backend's tensor of n_heads float32 logits, or
@@ -419,6 +421,8 @@ class Backend:
             scores = self.scale(scores, score_scale(head_dim, scale))
             if causal:
                 scores = self.fill_strict_upper_tri(scores, -math.inf, offset=offset)
+            elif window:  # both ways: key j is too new for row r iff j > r + offset + window - 1
+                scores = self.fill_strict_upper_tri(scores, -math.inf, offset=offset + window - 1)
             if window:
                 # Keys older than the window are the strict upper triangle of the transposed
                 # scores: key j is too old for row r iff r > j + (window - offset - 1).
@@ -538,8 +542,6 @@ def score_scale(head_dim: int, scale: float | None) -> float:
 def check_window(causal: bool, window: int) -> None:
     if window < 0:
         raise ValueError(f"window must be 0 (none) or a number of keys, got {window}")
-    if window and not causal:
-        raise ValueError("a sliding window needs causal attention")
 
 
 def check_prefill(causal: bool, window: int, seq_q: int, seq_k: int) -> None:
@@ -570,6 +572,14 @@ def check_decode(q, k_buf, v_buf, slots, kv_lens, n_heads: int, n_kv_heads: int,
                              f"({n_slots} slots of {capacity} positions)")
 
 
+def visible_end(causal: bool, window: int, pos: int, seq_k: int) -> int:
+    """One past the newest key a query at `pos` sees: its own position with `causal`; without,
+    the last of the window's keys on its far side, or the last key."""
+    if causal:
+        return min(pos + 1, seq_k)
+    return min(pos + window, seq_k) if window else seq_k
+
+
 def sink_logits(backend, sinks) -> np.ndarray | None:
     """A backend's sinks tensor as float32 numpy [n_heads], None for none."""
     return None if sinks is None else np.asarray(backend.to_numpy(sinks), np.float32).reshape(-1)
@@ -583,7 +593,8 @@ def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, win
     keeps the running max m, running sum l and accumulator acc; a tile that raises the max
     rescales l and acc by exp(m_old - m_new). Causal attention and the sliding window are loop
     bounds at tile level (a block visits only keys from its first row's oldest visible key to
-    its last row's diagonal) plus an in-tile mask on the tiles that cross either edge.
+    its last row's diagonal, or without `causal` its newest visible key) plus an in-tile mask
+    on the tiles that cross either edge.
     `sinks` (float32 [n_heads] or None) start each head's running max at its sink, with a sum
     of one: the sink's column, seen before any key.
     """
@@ -606,16 +617,19 @@ def online_softmax_attention(q, k, v, n_heads, n_kv_heads, head_dim, causal, win
             l[...] = np.where(m == -np.inf, np.float32(0), np.float32(1))
         acc = np.zeros(qb.shape, dtype=np.float32)
         k_start = max(0, offset + q0 - window + 1) if window else 0  # the block's oldest key
-        k_end = offset + q1 if causal else seq_k  # the block's last row sees keys < k_end
+        k_end = visible_end(causal, window, offset + q1 - 1, seq_k)  # past the last row's newest key
         for k0 in range(k_start, k_end, tile):
             k1 = min(k0 + tile, k_end)
             s = qb @ kh[:, :, k0:k1].swapaxes(-1, -2)  # [n_kv, group, bq, bk]: one tile of scores
-            crosses_diagonal = causal and k1 - 1 > offset + q0
+            crosses_front = k1 > visible_end(causal, window, offset + q0, seq_k)  # the first row's too
             crosses_window = window and k0 <= offset + q1 - 1 - window
-            if crosses_diagonal or crosses_window:
+            if crosses_front or crosses_window:
                 pos = np.arange(q0, q1)[:, None] + offset  # [bq, 1] query positions
                 keys = np.arange(k0, k1)[None, :]
-                hidden = (keys > pos) if causal else np.zeros((q1 - q0, k1 - k0), bool)
+                if causal or window:  # past the newest key a row sees
+                    hidden = keys >= (pos + 1 if causal else pos + window)
+                else:
+                    hidden = np.zeros((q1 - q0, k1 - k0), bool)
                 if window:
                     hidden |= keys <= pos - window
                 s = np.where(hidden, -np.inf, s)

@@ -32,10 +32,11 @@ from inferno.loading.checkpoint import Checkpoint
 from inferno.loading.pooling import EmbeddingSpec, spec_from_gguf
 from inferno.sampling import gguf_sampling
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma-embedding", "gpt-oss")
 # GGUF architecture -> the family whose forward pass it runs (config.FAMILIES); experts come
-# from the metadata (expert_count), in llama files too (Mixtral).
-FAMILY_OF = {"qwen3moe": "qwen3", "gpt-oss": "gpt_oss"}
+# from the metadata (expert_count), in llama files too (Mixtral). gemma-embedding is
+# EmbeddingGemma: Gemma 3 attending both ways.
+FAMILY_OF = {"qwen3moe": "qwen3", "gpt-oss": "gpt_oss", "gemma-embedding": "gemma3"}
 
 # GGUF tensor name -> Hugging Face name, the one rename table; `{i}` is the layer index.
 TENSOR_NAMES = {
@@ -87,11 +88,15 @@ GPT_OSS_NAMES = {
 }
 GPT_OSS_SWA_PATTERN = 2  # llama.cpp's: even layers windowed, odd ones global (not in the file)
 GPT_OSS_CLAMP = (1.702, 7.0)  # llama.cpp's swiglu_oai: alpha and limit (not in the file)
-NAMES_OF = {"gemma3": GEMMA3_NAMES, "gpt-oss": GPT_OSS_NAMES}
+NAMES_OF = {"gemma3": GEMMA3_NAMES, "gemma-embedding": GEMMA3_NAMES, "gpt-oss": GPT_OSS_NAMES}
 # Tensors that configure rather than compute: read into the config.
 CONFIG_TENSORS = ("rope_freqs.weight",)
-GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth Gemma 3 layer is global (not in the file)
-GEMMA3_LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa for Gemma 3
+# EmbeddingGemma's sentence-transformers Dense layers (2_Dense, 3_Dense: no bias, no activation),
+# as llama.cpp's converter writes them with --sentence-transformers-dense-modules: read into the
+# embedding spec, applied after the pooling.
+DENSE_TENSORS = ("dense_2.weight", "dense_3.weight")
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth Gemma 3 layer is global (where the file does not say)
+GEMMA3_LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa for Gemma 3 (where not in the file)
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
@@ -113,7 +118,7 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
     if arch not in ARCHITECTURES:
         raise InfernoError(f"{path.name}: unsupported GGUF architecture {arch!r:.80}; inferno runs "
                            f"{', '.join(ARCHITECTURES[:-1])} and {ARCHITECTURES[-1]} GGUF files "
-                           f"(e.g. SmolLM2, Llama 3, Mixtral, Qwen2.5, Qwen3, Qwen3-MoE, Gemma 3, gpt-oss)")
+                           f"(e.g. SmolLM2, Llama 3, Mixtral, Qwen2.5, Qwen3, Qwen3-MoE, Gemma 3, EmbeddingGemma, gpt-oss)")
     infos = gf.tensors
     _check_tensors(path, arch, infos)
     tokenizer = tokenizer_from_gguf(meta, path.name)
@@ -127,7 +132,8 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
     _check_layers(path, config, infos)
 
     # Matrices in other types are dequantised: the one slow part, under the progress bar.
-    model_tensors = [i for i in infos.values() if i.name not in CONFIG_TENSORS]
+    model_tensors = [i for i in infos.values() if i.name not in (*CONFIG_TENSORS, *DENSE_TENSORS)]
+    dense = tuple(tensor(gf, infos[n]) for n in DENSE_TENSORS if n in infos)
     slow = [i for i in model_tensors if len(i.shape) >= 2 and not _kept_as_stored(i)]
     fast = [i for i in model_tensors if len(i.shape) < 2 or _kept_as_stored(i)]
     tensors = {}
@@ -141,13 +147,13 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
     _notice_dequantised(path, slow)
     return Checkpoint(config, tensors, tokenizer, source=str(path), file_format="gguf",
                       sampling=[("the GGUF's general.sampling", gguf_sampling(meta))],
-                      embedding=_embedding_spec(meta, arch, path.name),
+                      embedding=_embedding_spec(meta, arch, path.name, dense),
                       metadata={k: v for k, v in meta.items() if not k.startswith("tokenizer.ggml.")})
 
 
-def _embedding_spec(meta: dict, arch: str, name: str) -> EmbeddingSpec:
+def _embedding_spec(meta: dict, arch: str, name: str, dense=()) -> EmbeddingSpec:
     try:
-        return spec_from_gguf(meta, arch)
+        return spec_from_gguf(meta, arch, dense)
     except InfernoError as e:
         raise InfernoError(f"{name}: {e}") from None
 
@@ -237,16 +243,28 @@ def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str,
     vocab = int(infos["token_embd.weight"].shape[1])
     layers = int(key("block_count"))
     family = {}
-    if arch == "gemma3":
+    if arch in ("gemma3", "gemma-embedding"):
         window = int(key("attention.sliding_window"))
         # llama.cpp: 1/sqrt(head_dim), except the 27B (62 layers): 1/sqrt(hidden / heads), which
         # is what Hugging Face's query_pre_attn_scalar says for each size.
-        scalar = hidden / heads if layers == 62 else head_dim
+        scalar = hidden / heads if layers == 62 and arch == "gemma3" else head_dim
+        # the windowed layers: the file's pattern where it has one (llama.cpp's load_swa_pattern:
+        # a flag a layer, or every n-th layer global), else every sixth global
+        pattern = meta.get(f"{arch}.attention.sliding_window_pattern") or GEMMA3_SWA_PATTERN
+        if isinstance(pattern, (list, tuple)):
+            if len(pattern) != layers:
+                raise InfernoError(f"{source}: {arch}.attention.sliding_window_pattern has {len(pattern)} "
+                                   f"flags for {layers} layers; the file is corrupt")
+            windowed = [bool(p) for p in pattern]
+        else:
+            windowed = [(i + 1) % int(pattern) != 0 for i in range(layers)]
+        if arch == "gemma-embedding":  # both ways (llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC): |p - j| <= window / 2
+            window = window // 2 + 1
         family = dict(
             activation="gelu_tanh", attention_scale=float(scalar) ** -0.5,
-            layer_windows=tuple(0 if (i + 1) % GEMMA3_SWA_PATTERN == 0 else window
-                                for i in range(layers)),
-            rope_local_theta=GEMMA3_LOCAL_ROPE_BASE)
+            layer_windows=tuple(window if w else 0 for w in windowed),
+            rope_local_theta=_f32(meta.get(f"{arch}.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
+            bidirectional=arch == "gemma-embedding")
     if arch == "gpt-oss":
         window = int(key("attention.sliding_window"))
         family = dict(layer_windows=tuple(window if i % GPT_OSS_SWA_PATTERN == 0 else 0 for i in range(layers)))
@@ -309,7 +327,7 @@ def _check_tensors(path: Path, arch: str, infos: dict[str, TensorInfo]) -> None:
     if embd is None or len(embd.shape) != 2:
         raise InfernoError(f"{path.name}: no token_embd.weight matrix; the file is incomplete")
     for info in infos.values():
-        if hf_name(info.name, arch) is None and info.name not in CONFIG_TENSORS:
+        if hf_name(info.name, arch) is None and info.name not in (*CONFIG_TENSORS, *DENSE_TENSORS):
             raise InfernoError(f"{path.name}: tensor {info.name} is not part of a {arch} model "
                                f"inferno runs (biases, shared experts and vision towers are not "
                                f"supported)")

@@ -137,13 +137,16 @@ def _float32(t) -> np.ndarray:
     return t.dequantize() if hasattr(t, "dequantize") else np.asarray(t, np.float32)
 
 
-def spec_from_gguf(meta: dict, arch: str) -> EmbeddingSpec:
+def spec_from_gguf(meta: dict, arch: str, dense=()) -> EmbeddingSpec:
+    """A GGUF's `{arch}.pooling_type`, and the Dense matrices ([out, in], no bias, no
+    activation: EmbeddingGemma's dense_2 and dense_3) that follow the pooling."""
     value = meta.get(f"{arch}.pooling_type")
     if value is None:
         return EmbeddingSpec()
     if value not in GGUF_POOLING:
         raise InfernoError(f"{arch}.pooling_type {value!r} is not supported (supported: "
                            + ", ".join(f"{k} ({v})" for k, v in GGUF_POOLING.items()) + ")")
-    return EmbeddingSpec(GGUF_POOLING[value], source=f"{arch}.pooling_type")
+    layers = tuple(Dense(_float32(w), None, "torch.nn.modules.linear.Identity") for w in dense)
+    return EmbeddingSpec(GGUF_POOLING[value], layers, source=f"{arch}.pooling_type")
 
 

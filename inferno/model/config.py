@@ -142,6 +142,10 @@ class ModelConfig:
     # Llama 3.1 GGUFs store their RoPE scaling as a factor per frequency (rope_freqs.weight).
     rope_freq_factors: tuple[float, ...] | None = None
     experts: Experts | None = None  # a mixture of experts; None: every MLP dense
+    # Every position sees the whole input, later ones too (EmbeddingGemma: Gemma 3 trained for
+    # embeddings with `use_bidirectional_attention`); a window is then |p - j| < window. Such a
+    # model embeds a text in one pass and generates nothing.
+    bidirectional: bool = False
 
     def __post_init__(self):
         positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -249,8 +253,7 @@ class ModelConfig:
         top = cfg
         if "text_config" in cfg:  # a multimodal config: the text model's fields
             cfg = {**GEMMA3_TEXT_DEFAULTS, **cfg["text_config"]}
-        for flag in ("attention_bias", "mlp_bias", "final_logit_softcapping", "attn_logit_softcapping",
-                     "use_bidirectional_attention"):
+        for flag in ("attention_bias", "mlp_bias", "final_logit_softcapping", "attn_logit_softcapping"):
             if cfg.get(flag) and not (flag == "attention_bias" and FAMILIES[arch].o_bias):
                 raise InfernoError(f"model config: {flag}={cfg[flag]} is not supported by inferno's "
                                    f"{arch} forward pass")
@@ -295,6 +298,7 @@ class ModelConfig:
                 activation=ACTIVATIONS[act],
                 attention_scale=float(scale) ** -0.5 if scale else None,
                 layer_windows=_layer_windows(cfg, arch, layers),
+                bidirectional=bool(cfg.get("use_bidirectional_attention")),
                 rope_local_theta=_float_or_none(cfg.get("rope_local_base_freq",
                                                         local_rope.get("rope_theta"))),
                 experts=_experts(cfg, layers),
@@ -343,6 +347,10 @@ def _layer_windows(cfg: dict, arch: str, layers: int) -> tuple[int, ...]:
     unknown = set(types) - {"sliding_attention", "full_attention"}
     if unknown:
         raise InfernoError(f"model config: layer type {sorted(unknown)[0]!r} is not supported")
+    if cfg.get("use_bidirectional_attention"):
+        # transformers' Gemma 3 keeps |p - j| < window // 2 + 1 both ways (its config's
+        # __post_init__; config.json holds the window as trained)
+        window = int(window) // 2 + 1
     return tuple(int(window) if t == "sliding_attention" else 0 for t in types)
 
 

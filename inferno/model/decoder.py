@@ -368,8 +368,9 @@ class DecoderModel:
         q, k, v = self._qkv(layer, h, rope)
         attend = ops.flash_attention_prefill if self.flash else ops.materialized_attention
         window, scale, sinks = layer.window, self.scale, layer.sinks  # 0, None, None: global, 1/sqrt(hd), none
+        causal = not cfg.bidirectional
         if cache is None:
-            ctx = attend(q, k, v, nh, nkv, hd, True, window=window, scale=scale, sinks=sinks)
+            ctx = attend(q, k, v, nh, nkv, hd, causal, window=window, scale=scale, sinks=sinks)
             return self._out(layer, ctx)
 
         r = batch.row0
@@ -380,10 +381,11 @@ class DecoderModel:
             s = batch.segments[j]
             ops.write_kv(cache.k[i], s.slot, s.start, ops.rows(k, r[j], r[j + 1]))
             ops.write_kv(cache.v[i], s.slot, s.start, ops.rows(v, r[j], r[j + 1]))
-        if ops.batch_invariant and self.flash:
+        if ops.batch_invariant and self.flash and causal:
             # Every row against its slot's keys up to its own position, as a decode step reads
             # them: a prompt's row then comes out the same whatever chunk it came in. (flash
-            # off asks for materialized scores, below, and gets them.)
+            # off asks for materialized scores, below, and gets them; a model that attends
+            # both ways sees later keys too, which a decode step does not read.)
             ctx = ops.decode_attention(q, cache.k[i], cache.v[i], batch.row_slots, batch.row_kv_lens,
                                        nh, nkv, hd, window=window, scale=scale, sinks=sinks)
             return self._out(layer, ctx)
@@ -409,7 +411,7 @@ class DecoderModel:
                 k0 = max(0, s.start - window + 1) if window else 0
                 ks = ops.read_kv(cache.k[i], s.slot, k0, s.start + n)  # [start + n - k0, nkv * hd]
                 vs = ops.read_kv(cache.v[i], s.slot, k0, s.start + n)
-            parts.append((r[j], attend(ops.rows(q, r[j], r[j + 1]), ks, vs, nh, nkv, hd, True,
+            parts.append((r[j], attend(ops.rows(q, r[j], r[j + 1]), ks, vs, nh, nkv, hd, causal,
                                        window=window, scale=scale, sinks=sinks)))
         if len(parts) == 1:
             ctx = parts[0][1]

@@ -82,14 +82,16 @@ def materialized_reference(q, k, v, n_heads, n_kv_heads, head_dim, causal, windo
                            sinks=None):
     """The textbook path from the cpu backend's ops, per head: scores = q k^T, scale, mask
     (causal bottom-right aligned: query row i at position p = seq_k - seq_q + i sees keys
-    p - window < j <= p), softmax, @ v. The mask is built here, not with the op under test.
+    p - window < j <= p; not causal, |p - j| < window), softmax, @ v. The mask is built here,
+    not with the op under test.
     `sinks` (float32 [n_heads]): head h's sink is one more column of its scores, softmaxed with
     them and dropped (transformers' gpt-oss eager attention)."""
     seq_q, seq_k = q.shape[0], k.shape[0]
     group = n_heads // n_kv_heads
     pos = np.arange(seq_q)[:, None] + (seq_k - seq_q)  # each query row's position
     keys = np.arange(seq_k)[None, :]
-    hidden = (causal & (keys > pos)) | ((window > 0) & (keys <= pos - window))  # [seq_q, seq_k]
+    front = keys > pos if causal else (window > 0) & (keys >= pos + window)  # past the newest seen
+    hidden = front | ((window > 0) & (keys <= pos - window))  # [seq_q, seq_k]
     out = REF.zeros(seq_q, n_heads * head_dim)
     for h in range(n_heads):
         kv = (h // group) * head_dim
@@ -206,7 +208,8 @@ def check_attention(backend, op, seed, seq_q, seq_k, h, kv, hd, causal, window=0
 def window_tests(op: str, seqs, windows):
     """The sliding-window tests of a prefill attention op (its module binds them to its own
     test_ names): a whole prompt (lengths `seqs` x `windows`, over the window geometries), a
-    chunk after a cache, and what a window refuses."""
+    chunk after a cache, a window on both sides of each row (not causal: EmbeddingGemma), and
+    what a window refuses."""
     @pytest.mark.parametrize("geometry", WINDOW_GEOMETRIES, ids=lambda g: f"{g[0]}:{g[1]}x{g[2]}")
     @pytest.mark.parametrize("window", windows)
     @pytest.mark.parametrize("seq", seqs)
@@ -219,11 +222,17 @@ def window_tests(op: str, seqs, windows):
         """Query row i sits at position seq_k - seq_q + i: its window is counted from there."""
         check_attention(backend, op, seq_q + seq_k + window, seq_q, seq_k, 9, 3, 64, True, window)
 
+    @pytest.mark.parametrize("geometry", WINDOW_GEOMETRIES, ids=lambda g: f"{g[0]}:{g[1]}x{g[2]}")
+    @pytest.mark.parametrize("window", windows)
+    @pytest.mark.parametrize("seq", sorted({seqs[0], seqs[-1]}))
+    def both_ways(backend, seq, window, geometry):
+        """Not causal: row i sees keys j with |i - j| < window, the later ones too."""
+        check_attention(backend, op, seq * 5 + window, seq, seq, *geometry, False, window)
+
     def refused(backend):
         q, k, v = (backend.from_numpy(a) for a in qkv(1, 8, 8, 4, 2, 16))
-        with pytest.raises(ValueError, match="causal"):
-            getattr(backend, op)(q, k, v, 4, 2, 16, False, 4)
-        with pytest.raises(ValueError, match="window"):
-            getattr(backend, op)(q, k, v, 4, 2, 16, True, -1)
+        for causal in (True, False):
+            with pytest.raises(ValueError, match="window"):
+                getattr(backend, op)(q, k, v, 4, 2, 16, causal, -1)
 
-    return prompt, chunk_after_cache, refused
+    return prompt, chunk_after_cache, both_ways, refused

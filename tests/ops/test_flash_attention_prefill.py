@@ -50,7 +50,8 @@ def test_flash_prefill_qwen3_geometry(backend, seq):
 
 
 # -- the sliding window and the scale -----------------------------------------------------------
-test_sliding_window_prefill, test_sliding_window_chunk_after_cache, test_window_needs_causal_and_a_size = (
+(test_sliding_window_prefill, test_sliding_window_chunk_after_cache, test_window_both_ways,
+ test_window_needs_a_size) = (
     window_tests(FLASH, seqs=[63, 64, 65, 127, 129], windows=[1, 5, 64, 100]))
 
 

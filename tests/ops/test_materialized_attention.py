@@ -26,7 +26,8 @@ def test_materialized_attention_op(backend, seq, causal):
     check(backend, 3, seq, seq + 5, 9, 3, 64, causal)
 
 
-test_sliding_window_prefill, test_sliding_window_chunk_after_cache, test_window_needs_causal_and_a_size = (
+(test_sliding_window_prefill, test_sliding_window_chunk_after_cache, test_window_both_ways,
+ test_window_needs_a_size) = (
     window_tests(MATERIALIZED, seqs=[65, 129], windows=[1, 64]))
 
 

@@ -10,6 +10,7 @@ import math
 
 import numba as nb
 import numpy as np
+from numba.extending import register_jitable
 
 from inferno.backends.base import TILE
 from inferno.backends.numba.dense import FAST, exp_into
@@ -38,7 +39,9 @@ def flash_head(q, k, v, out, h, kv_h, head_dim, causal, window, scale, sinks):
     tile), then a second GEMM adds the tile's probabilities x V into the accumulator. Causal and
     the sliding window are loop bounds: a block visits keys from its first row's oldest visible
     key (position - window + 1) to its last row's diagonal (bottom-right aligned, seq_k - seq_q
-    rows of offset); inside the edge tiles a row's hidden scores get -inf.
+    rows of offset), or without `causal` to its last row's newest visible key (position +
+    window - 1, where there is a window: base.visible_end); inside the edge tiles a row's hidden
+    scores get -inf.
 
     `sinks` (float32 [n_heads]; base.Backend.flash_attention_prefill): head h's sink starts each
     row's running max m, with a running sum l of 1, as a column seen before any key. It is always
@@ -61,7 +64,8 @@ def flash_head(q, k, v, out, h, kv_h, head_dim, causal, window, scale, sinks):
         for d in range(hd):
             kh[i, d] = k[i, kc + d]
             vh[i, d] = v[i, kc + d]
-    qb = query_block(min(seq_k, window) if window > 0 else seq_k)  # keys a block streams
+    span = (window if causal else 2 * window - 1) if window > 0 else seq_k
+    qb = query_block(min(seq_k, span))  # keys a block streams
     s_buf = np.empty(qb * TILE, np.float32)  # one tile of scores, then probabilities: [block, TILE]
     shifted = np.empty(qb * TILE, np.float32)  # scores minus their row's running max
     bits = np.empty(qb * TILE, np.int32)
@@ -78,14 +82,14 @@ def flash_head(q, k, v, out, h, kv_h, head_dim, causal, window, scale, sinks):
         l[:bq] = 0.0 if sink == -np.inf else 1.0
         acc[:bq] = 0.0
         k_start = max(0, off + q0 - window + 1) if window > 0 else 0  # the block's oldest key
-        k_end = min(off + q1, seq_k) if causal else seq_k  # keys the block's last row sees
+        k_end = _visible_end(causal, window, off + q1 - 1, seq_k)  # keys the block's last row sees
         for k0 in range(k_start, k_end, TILE):
             bk = min(TILE, k_end - k0)
             s = s_buf[:bq * bk].reshape((bq, bk))  # [bq, bk]
             np.dot(qh[q0:q1], kh[k0:k0 + bk].T, s)
             for i in range(bq):
                 row, sh = s[i], shifted[i * bk:(i + 1) * bk]
-                hi = max(0, min(bk, off + q0 + i + 1 - k0)) if causal else bk  # keys row i sees:
+                hi = max(0, min(bk, _visible_end(causal, window, off + q0 + i, seq_k) - k0))  # keys row i sees:
                 lo = min(hi, max(0, off + q0 + i - window + 1 - k0)) if window > 0 else 0  # lo..hi
                 mx = m[i]
                 for j in range(lo, hi):
@@ -114,6 +118,14 @@ def flash_head(q, k, v, out, h, kv_h, head_dim, causal, window, scale, sinks):
             a, o = acc[i], out[q0 + i, qc:qc + hd]
             for d in range(hd):
                 o[d] = a[d] * inv
+
+
+@register_jitable
+def _visible_end(causal, window, pos, seq_k):
+    """base.visible_end: one past the newest key a query at `pos` sees."""
+    if causal:
+        return min(pos + 1, seq_k)
+    return min(pos + window, seq_k) if window > 0 else seq_k
 
 
 # -- serial drivers (the simd backend) -----------------------------------------------------------

@@ -373,7 +373,8 @@ def materialized_gqa(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, caus
     q [seq_q, n_heads * head_dim]; k, v [seq_k, n_kv_heads * head_dim]. The query heads of one
     KV head are stacked into one matrix, so each KV head is one matmul against its K without
     copying K per query head. Causal is bottom-right aligned: query row i, at position
-    p = (seq_k - seq_q) + i, sees keys 0..p, and with a window only p - window < j <= p. Rows
+    p = (seq_k - seq_q) + i, sees keys 0..p, and with a window only p - window < j <= p
+    (without causal, |p - j| < window: base.Backend.flash_attention_prefill). Rows
     are taken in chunks so the scores stay under SCORE_BYTES. `sinks` (a tensor [n_heads], or
     None) join each head's softmax as one more column (sink_softmax).
     """
@@ -409,14 +410,16 @@ def materialized_gqa(q, k, v, n_heads: int, n_kv_heads: int, head_dim: int, caus
 
 def band_mask(q0: int, q1: int, seq_k: int, offset: int, causal: bool, window: int, device):
     """[q1 - q0, seq_k] bool, True where query rows q0..q1 (at positions offset + row) must not
-    see a key: the future (causal) and keys older than the window. None when nothing is hidden."""
-    future = causal and offset + q0 + 1 < seq_k  # some row of the chunk has keys in its future
+    see a key: the future (causal; without, keys past the window's far side) and keys older
+    than the window. None when nothing is hidden."""
+    front = (offset + q0 + 1) if causal else (offset + q0 + window if window else seq_k)
+    future = front < seq_k  # some row of the chunk has keys past its newest
     old = window and offset + q1 - 1 - window >= 0  # some row has keys older than its window
     if not (future or old):
         return None
     pos = torch.arange(q0, q1, device=device)[:, None] + offset
     keys = torch.arange(seq_k, device=device)[None, :]
-    hidden = keys > pos  # causal: a window comes only with it
+    hidden = keys > pos if causal else keys >= pos + window  # (not causal: here only with a window)
     return hidden | (keys <= pos - window) if window else hidden
 
 
