@@ -48,12 +48,13 @@ class Delta:
     arguments: str | None = None
 
 
-def json_rule(schema: dict) -> str:
+def json_rule(schema: dict, lenient: bool = True) -> str:
     """A llguidance Lark rule matching JSON valid against `schema` (a tool's parameters)."""
     # lenient: a keyword llguidance does not implement (an unknown "format") is ignored in a
-    # tool's parameters rather than failing the request. Closed objects and bounded numbers,
-    # as for any schema (constrain.json_defaults).
-    return "%json " + json.dumps({"x-guidance": {**JSON_OPTIONS, "lenient": True}, **json_defaults(schema)})
+    # tool's parameters rather than failing the request (a response format's schema is held to
+    # what it says, as constrain.Grammars.compile holds it). Closed objects and bounded
+    # numbers, as for any schema (constrain.json_defaults).
+    return "%json " + json.dumps({"x-guidance": {**JSON_OPTIONS, "lenient": lenient}, **json_defaults(schema)})
 
 
 def collect(deltas) -> tuple[str, str, list[ToolCall]]:

@@ -529,10 +529,11 @@ def _ends(tag: str, grammars) -> str:
     return " " + _tag(tag, grammars)
 
 
-def harmony_grammar(tools, tool_choice="auto", grammars=None) -> str:
+def harmony_grammar(tools, tool_choice="auto", grammars=None, answer: str = "TEXT") -> str:
     """The reply: any number of analysis (or preamble) messages, then an answer on final (auto
     and none) or one call to one of `tools` (to the named one; none for "none") whose arguments
-    match its schema. One call: the reply ends at <|call|>."""
+    match its schema. One call: the reply ends at <|call|>. `answer`: what the final message
+    holds, as a rule's body (any text; answer_grammar's JSON)."""
     fns = [] if tool_choice == "none" else functions(tools)
     if isinstance(tool_choice, dict):
         name = (tool_choice.get("function") or {}).get("name")
@@ -554,9 +555,18 @@ def harmony_grammar(tools, tool_choice="auto", grammars=None) -> str:
         calls.append(f"call{k}")
     if tool_choice in ("auto", "none"):
         calls.append("final")
-        lark.append(f'final: {t[CHANNEL]} "final" {t[MESSAGE]} TEXT{_ends(RETURN, grammars)}')
+        lark.append(f'final: {t[CHANNEL]} "final" {t[MESSAGE]} {answer}{_ends(RETURN, grammars)}')
     lark.append(f"reply: {' | '.join(calls)}")
     return "\n".join(lark) + "\n"
+
+
+def answer_grammar(schema: dict, tools=(), tool_choice="auto", grammars=None) -> str:
+    """A response format on gpt-oss: the model reasons first, as it always does, and its final
+    message holds JSON valid against `schema` (the reply's content is that JSON); or, where
+    `tools` are given and tool_choice allows, a call instead. Holding the whole reply to the
+    schema instead would leave the model no analysis channel, which it was trained to open."""
+    return harmony_grammar(tools or (), tool_choice if tools else "none", grammars,
+                           answer=json_rule(schema, lenient=False))
 
 
 def tool_choice_grammar(tools, tool_choice="auto", parallel: bool = True, grammars=None) -> str | None:

@@ -564,6 +564,26 @@ def test_grammars_accept_and_reject_sample_replies(grammars):
         assert not accepts(g, auto, text), text
 
 
+def test_a_response_format_holds_the_answer_after_the_reasoning(grammars):
+    """response_format on gpt-oss: analysis first, as the model was trained, then a final
+    message that is JSON valid against the schema; with tools, a call may come instead."""
+    g = grammars["gpt-oss"]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+              "required": ["city", "days"]}
+    answer = g.compile(lark=H.answer_grammar(schema, grammars=g))
+    final = '<|channel|>final<|message|>{"city": "Oslo", "days": 3}'
+    assert accepts(g, answer, final) and accepts(g, answer, THOUGHT + final)
+    for text in ('{"city": "Oslo", "days": 3}',  # no channel: the whole reply as JSON
+                 THOUGHT + "<|channel|>final<|message|>It is sunny.",  # not JSON
+                 THOUGHT + '<|channel|>final<|message|>{"city": "Oslo"}',  # days missing
+                 THOUGHT + CALL_ADD):  # no tools: no call
+        assert not accepts(g, answer, text), text
+    with_tools = g.compile(lark=H.answer_grammar(schema, TOOLS, "auto", grammars=g))
+    assert accepts(g, with_tools, THOUGHT + final) and accepts(g, with_tools, THOUGHT + CALL_ADD)
+    with pytest.raises(InfernoError, match="Unknown format"):  # held to what it says (a tool's is lenient)
+        g.compile(lark=H.answer_grammar({"type": "object", "properties": {"a": {"format": "zork"}}}, grammars=g))
+
+
 def test_grammar_tags_and_tool_choice(grammars):
     g = grammars["gpt-oss"]
     assert H.tool_choice_grammar([], "auto") is None and H.tool_choice_grammar([], "none") is None

@@ -256,6 +256,32 @@ def test_tool_choice_is_grammar_enforced(server, client, choice):
     assert got["finish"] == "tool_calls" and "<|" not in raw
 
 
+def test_a_response_format_holds_the_answer_not_the_reasoning(server, client, monkeypatch):
+    """response_format on gpt-oss: the grammar opens a channel before the JSON (the model's
+    reasoning may come first), and the content is the final message's JSON, valid for the
+    schema. (The first token of "final" pushed up: the random model would otherwise open an
+    analysis message it never ends.)"""
+    url, e = server
+    final = e.tokenizer.encode("final", add_special_tokens=False)[0]
+    rf = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER}}
+    whole = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=300, temperature=0,
+                                           response_format=rf, logit_bias={str(final): 100})
+    choice = whole.choices[0]
+    assert choice.finish_reason == "stop" and "<|" not in choice.message.content
+    jsonschema.validate(json.loads(choice.message.content), WEATHER)
+    # a recorded reply that reasons, then answers in JSON: the grammar takes it whole
+    answer = '{"city":"Rome","days":2}'
+    scripted(monkeypatch, e, f"<|channel|>analysis<|message|>{REASONING}<|end|>"
+                             f"<|start|>assistant<|channel|>final<|message|>{answer}")
+    whole = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=300, response_format=rf)
+    message = whole.choices[0].message
+    assert (extra(message, "reasoning_content"), message.content) == (REASONING, answer)
+    r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object", "properties": {
+            "a": {"type": "string", "format": "zork"}}}}}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+
+
 def test_reasoning_effort_reaches_the_prompt(server, client, monkeypatch):
     url, e = server
     scripted(monkeypatch, e, FINAL)
@@ -293,28 +319,48 @@ def test_history_keeps_reasoning_during_a_turn_of_calls(server, client, monkeypa
     assert "Check the weather first." not in prompts[1] and "Say it." not in prompts[1]
 
 
-def test_responses_api_output_is_the_answer_only(server, monkeypatch):
+def test_responses_api_gives_the_reasoning_an_item_of_its_own(server, monkeypatch):
+    """The answer is the message's output_text; the reasoning a reasoning item before it (its
+    reasoning_text content), whole and streamed as response.reasoning_text deltas, never output
+    text; sent back in `input`, it joins the assistant turn after it."""
     url, e = server
     scripted(monkeypatch, e, FINAL)
     prompts = prompts_of(monkeypatch, e)
     body = {"model": MODEL, "input": "Hello!", "max_output_tokens": 300, "reasoning": {"effort": "high"}}
     r = httpx.post(url + "/v1/responses", json=body, timeout=120)
     assert r.status_code == 200, r.text
-    [item] = r.json()["output"]
+    thought, item = r.json()["output"]
+    assert thought["type"] == "reasoning" and thought["content"] == [{"type": "reasoning_text", "text": REASONING}]
     assert item["type"] == "message" and item["content"][0]["text"] == ANSWER
-    assert REASONING not in r.text and "<|" not in r.text and "Reasoning: high" in prompts[-1]
+    assert "<|" not in r.text and "Reasoning: high" in prompts[-1]
+    parsed = openai.OpenAI(base_url=url + "/v1", api_key="unused").responses.create(**{
+        k: v for k, v in body.items() if k != "model"}, model=MODEL)
+    assert parsed.output[0].type == "reasoning" and parsed.output[0].content[0].text == REASONING
+    assert parsed.output_text == ANSWER
     with httpx.stream("POST", url + "/v1/responses", json={**body, "stream": True}, timeout=120) as s:
         raw = "".join(s.iter_text())
     events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
     assert "".join(ev["delta"] for ev in events if ev["type"] == "response.output_text.delta") == ANSWER
-    assert REASONING not in raw and "<|" not in raw
+    assert "".join(ev["delta"] for ev in events if ev["type"] == "response.reasoning_text.delta") == REASONING
+    done = [ev["item"] for ev in events if ev["type"] == "response.output_item.done"]
+    assert [i["type"] for i in done] == ["reasoning", "message"] and "<|" not in raw
+    assert events[-1]["response"]["output"] == done
     # the stored conversation keeps it for the next turn, where an answered turn's is dropped
     stored = r.json()["id"]
     r = httpx.post(url + "/v1/responses", json={**body, "input": "More?", "previous_response_id": stored}, timeout=120)
     assert r.status_code == 200 and f"<|channel|>final<|message|>{ANSWER}<|end|>" in prompts[-1]
     r = httpx.post(url + "/v1/responses", json={**body, "reasoning": {"effort": "max"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning.effort"
-
+    # a client that keeps its own context sends the reasoning item back before its call
+    turn = [{"type": "message", "role": "user", "content": "Weather in Rome?"},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "Check the weather first."}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Rome","days":1}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+    r = httpx.post(url + "/v1/responses", json={**body, "input": turn, "tools": [
+        {"type": "function", **t["function"]} for t in TOOLS]}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert "<|channel|>analysis<|message|>Check the weather first.<|end|>" in prompts[-1]
 
 # -- the CLI ----------------------------------------------------------------------------------------
 class TTY(io.StringIO):

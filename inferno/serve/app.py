@@ -40,7 +40,9 @@ from inferno.serve.openapi import (ChatCompletion, ChatCompletionChunk, Completi
                                    Health, ModelCard, ModelList, ResponseEvent, ResponseObject, errors, get, post)
 from inferno.serve.protocol import (APIError, ChatRequest, CompletionRequest, EmbeddingRequest, NamedChoice,
                                     Response, TokenText, embeddings_body, usage)
-from inferno.tools import functions, tool_choice_grammar
+from inferno import harmony as H
+from inferno.constrain import ANY_OBJECT
+from inferno.tools import HARMONY, functions, tool_choice_grammar
 from inferno.serve.batch import BatchEngine, Closed, Handle, QueueFull
 
 log = logging.getLogger("inferno.serve")
@@ -254,13 +256,21 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
             param = next((p for p in e.params if p in ("tools", "reasoning_effort")), "messages")
             raise APIError(400, str(e), param=param) from None
         rf = req.response_format
-        grammar = await compile_constraint(engine, req.constraint(),
-                                           "response_format" if rf and rf.type != "text" else None)
+        spec = req.constraint()
+        choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedChoice) else req.tool_choice or "auto"
+        schema = harmony_answer(engine, spec)
+        if schema is not None:  # gpt-oss: its reasoning first, the schema holding its answer
+            try:
+                lark = await asyncio.to_thread(H.answer_grammar, schema, tools, choice, engine.grammars)
+            except InfernoError as e:
+                raise APIError(400, str(e), param=e.params[0] if e.params else "response_format") from None
+            grammar = await compile_constraint(engine, {"lark": lark}, param="response_format")
+        else:
+            grammar = await compile_constraint(engine, spec, "response_format" if rf and rf.type != "text" else None)
         tool_format = engine.tool_format if req.calls_tools else engine.reply_format
         # tool_choice "none" has a grammar where the format parses calls anyway (harmony's), and
         # no other constraint holds the reply
-        if req.tools and (req.calls_tools or grammar is None):
-            choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedChoice) else req.tool_choice or "auto"
+        if req.tools and schema is None and (req.calls_tools or grammar is None):
             try:
                 lark = await asyncio.to_thread(tool_choice_grammar, engine.tool_format, tools, choice,
                                                req.parallel_tool_calls, engine.grammars)
@@ -314,6 +324,23 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
 
     app.include_router(api)
     return app
+
+
+def harmony_answer(engine, spec: dict | None) -> dict | None:
+    """The JSON Schema a harmony model's (gpt-oss's) final message must match, where the request
+    asks for JSON (response_format, json_schema); None where the model is not harmony's or the
+    request asks for nothing, or for a grammar or regex (those hold the whole reply)."""
+    if engine.reply_format != HARMONY or not spec or not {"json_schema", "json_object"} & spec.keys():
+        return None
+    schema = spec.get("json_schema") or ANY_OBJECT
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise APIError(400, f"json_schema is not valid JSON: {e}", param="json_schema") from None
+    if not isinstance(schema, dict):
+        raise APIError(400, f"json_schema must be a JSON object, not {type(schema).__name__}", param="json_schema")
+    return schema
 
 
 async def compile_constraint(engine, spec: dict | None, param: str | None = None):

@@ -8,9 +8,12 @@ runs on the chat's path (app.start_chat: template, grammar, tool-call parsing, t
 its events come back as Responses output items: a message with output_text, function calls.
 Streamed, the chat's deltas become Responses events (`Events`): response.created, an item
 added, its text or arguments in deltas, the item done, response.completed. A reasoning model's
-reasoning (gpt-oss's analysis, the chat's reasoning_content) is never output text: `reasoning`
-({"effort": ...}) sets the chat's reasoning_effort, and the reasoning is kept only in the stored
-conversation, where a harmony prompt reads it back during a turn of tool calls.
+reasoning (gpt-oss's analysis, the chat's reasoning_content) is never output text: it is a
+reasoning item of its own, its text in `content` (reasoning_text parts, as vLLM and OpenAI's
+open-weight guide give gpt-oss's), streamed as response.reasoning_text deltas. `reasoning`
+({"effort": ...}) sets the chat's reasoning_effort. The stored conversation keeps the reasoning,
+and a reasoning item sent back in `input` (a client that manages its own context) joins the
+assistant turn after it: a harmony prompt reads it back during a turn of tool calls.
 
 A stored response (`store`, true by default) keeps its conversation, input and output, in
 memory (the last STORED of them), so that `previous_response_id` continues it; an unknown id
@@ -106,9 +109,35 @@ def input_messages(items: list[dict]) -> list[dict]:
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": item.get("call_id"),
                         "content": _text(item.get("output"), f"input[{i}].output")})
-        elif kind != "reasoning":  # (a reasoning item carries nothing a chat template takes)
+        elif kind == "reasoning":  # the next assistant turn's reasoning_content
+            thought = _reasoning_text(item)
+            if thought:
+                out.append({"role": "assistant", "content": None, "reasoning_content": thought})
+        else:
             raise APIError(400, f"input[{i}]: item type {kind!r} is not supported (message, function_call, "
-                           f"function_call_output)", param="input")
+                           f"function_call_output, reasoning)", param="input")
+    return _join_reasoning(out)
+
+
+def _reasoning_text(item: dict) -> str:
+    """A reasoning item's text: its reasoning_text content, else its summary's."""
+    parts = item.get("content") or item.get("summary") or []
+    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+
+
+def _join_reasoning(messages: list[dict]) -> list[dict]:
+    """A reasoning-only assistant message given to the assistant message right after it, as
+    that message's reasoning_content (dropped where none follows: no template takes it alone)."""
+    out: list[dict] = []
+    held = None
+    for m in messages:
+        if m["role"] == "assistant" and m.keys() == {"role", "content", "reasoning_content"} and m["content"] is None:
+            held = m["reasoning_content"] if held is None else held + m["reasoning_content"]
+            continue
+        if held is not None and m["role"] == "assistant":
+            m = {**m, "reasoning_content": held}
+        held = None
+        out.append(m)
     return out
 
 
@@ -143,6 +172,11 @@ def message_item(text: str, status: str = "completed", item_id: str | None = Non
             "content": [{"type": "output_text", "text": text, "annotations": []}] if text or status == "completed" else []}
 
 
+def reasoning_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+    return {"type": "reasoning", "id": item_id or _id("rs"), "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def call_item(call_id: str, name: str, arguments: str, status: str = "completed", item_id: str | None = None) -> dict:
     return {"type": "function_call", "id": item_id or _id("fc"), "call_id": call_id, "name": name,
             "arguments": arguments, "status": status}
@@ -159,7 +193,7 @@ class Reply:
         self.output: list[dict] = []
         self.usage: dict | None = None
         self.finish: str | None = None
-        self.reasoning = ""  # the chat's reasoning_content: for the stored conversation only
+        self.reasoning = ""  # the chat's reasoning_content: its items' text, and the stored conversation's
 
     def body(self, status: str) -> dict:
         req = self.req
@@ -188,6 +222,8 @@ class Reply:
         choice = chat_body["choices"][0]
         message, self.finish = choice["message"], choice["finish_reason"]
         self.reasoning = message.get("reasoning_content") or ""
+        if self.reasoning:
+            self.output.append(reasoning_item(self.reasoning))
         if message.get("content"):
             self.output.append(message_item(message["content"]))
         for call in message.get("tool_calls") or ():
@@ -214,6 +250,7 @@ class Events:
     def __init__(self, reply: Reply):
         self.reply, self.seq = reply, 0
         self.message: dict | None = None  # the open message item
+        self.thought: dict | None = None  # the open reasoning item
         self.calls: dict[int, dict] = {}  # the chat's call index -> its open function_call item
 
     def sse(self, kind: str, **fields) -> str:
@@ -227,7 +264,10 @@ class Events:
 
     def chunk(self, choice: dict) -> list[str]:
         out, delta = [], choice.get("delta") or {}
-        self.reply.reasoning += delta.get("reasoning_content") or ""  # not output: stored only
+        if delta.get("reasoning_content"):
+            out += self._reasoning(delta["reasoning_content"])
+        if delta.get("content") or delta.get("tool_calls"):
+            out += self._close_thought()
         if delta.get("content"):
             if self.message is None:
                 self.message = message_item("", status="in_progress")
@@ -258,6 +298,30 @@ class Events:
             self.reply.finish = choice["finish_reason"]
         return out
 
+    def _reasoning(self, text: str) -> list[str]:
+        out = []
+        self.reply.reasoning += text
+        if self.thought is None:
+            out += self._close_message()
+            self.thought = reasoning_item("", status="in_progress")
+            self.reply.output.append(self.thought)
+            out.append(self.sse("response.output_item.added", output_index=len(self.reply.output) - 1,
+                                item=self.thought))
+        self.thought["content"][0]["text"] += text
+        out.append(self.sse("response.reasoning_text.delta", item_id=self.thought["id"], content_index=0,
+                            output_index=self.reply.output.index(self.thought), delta=text))
+        return out
+
+    def _close_thought(self) -> list[str]:
+        item, self.thought = self.thought, None
+        if item is None:
+            return []
+        index = self.reply.output.index(item)
+        item["status"] = "completed"
+        return [self.sse("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
+                         text=item["content"][0]["text"]),
+                self.sse("response.output_item.done", output_index=index, item=item)]
+
     def _close_message(self) -> list[str]:
         item, self.message = self.message, None
         if item is None:
@@ -271,7 +335,7 @@ class Events:
                 self.sse("response.output_item.done", output_index=index, item=item)]
 
     def closing(self, chat_usage: dict) -> list[str]:
-        out = self._close_message()
+        out = self._close_thought() + self._close_message()
         for item in self.calls.values():
             index = self.reply.output.index(item)
             item["status"] = "completed"
