@@ -240,30 +240,64 @@ class ModelDrafter(NgramDrafter):
     took since is fed in one pass; each drafted token but the last is fed to draft the next.
     The length and the pauses follow NgramDrafter's rules. A catch-up longer than UBATCH
     tokens (a prompt) goes in one pass of UBATCH a step, drafting nothing until it is in, so
-    that no step beside other sequences' decode rows carries a whole prompt."""
+    that no step beside other sequences' decode rows carries a whole prompt. The sequences of
+    a step draft together (`draft_together`): one pass of the draft model a drafted token for
+    all of them, not one for each."""
 
     def __init__(self, most: int, slots, slot: int, vocab: int):
         super().__init__(most)
         self.slots, self.slot, self.vocab = slots, slot, vocab  # the target's logits
 
+    def wants(self, room: int) -> int:
+        """How many tokens `propose` would draft now (0 while paused), counting the pause."""
+        if self.wait:
+            self.wait -= 1
+            return 0
+        return min(self.length, room)
+
     def draft(self, tokens: list[int], k: int) -> list[int]:
+        return draft_together([self], [tokens], [k])[0]
+
+
+def draft_together(drafters: list[ModelDrafter], tokens: list[list[int]], ks: list[int]) -> list[list[int]]:
+    """Each drafter's draft of up to ks[i] tokens after tokens[i], all of them in the same
+    passes: one step of the draft model feeds every sequence's catch-up (or a prompt's next
+    UBATCH tokens, which drafts nothing this time), then one a round feeds each unfinished
+    draft's newest token, its row beside the others'. The drafters share one model's slots.
+    Each sequence's draft is what it would draft alone (a row's logits do not depend on its
+    company, on simd and pool: tests/test_speculative.py)."""
+    out: list[list[int]] = [[] for _ in drafters]
+    if not drafters:
+        return out
+    slots = drafters[0].slots
+    model = slots.model
+    active, feeds, helds = [], {}, {}
+    for i, (d, toks, k) in enumerate(zip(drafters, tokens, ks)):
         if k < 1:
-            return []
-        slots, slot = self.slots, self.slot
-        model = slots.model
-        slots.reserve(len(tokens) + k)
-        held = slots.keep_prefix(slot, tokens)
-        feed, draft = tokens[held:], []
-        if len(feed) > UBATCH:
-            ids = np.asarray(feed[:UBATCH], dtype=np.int64)
-            model.step([Segment(ids, slot, held, logits=False)], slots.cache)
-            slots.wrote(slot, held, ids)
-            return []
-        while len(draft) < k:
-            ids = np.asarray(feed, dtype=np.int64)
-            logits = model.step([Segment(ids, slot, held)], slots.cache)
-            slots.wrote(slot, held, ids)
-            held += ids.size
-            draft.append(int(np.argmax(model.ops.to_numpy(logits)[-1, :self.vocab])))
-            feed = draft[-1:]
-        return draft
+            continue
+        slots.reserve(len(toks) + k)
+        held = slots.keep_prefix(d.slot, toks)
+        feed = toks[held:]
+        if len(feed) > UBATCH:  # a prompt's next part, logits unwanted: no draft this step
+            feed = feed[:UBATCH]
+            ks = [*ks[:i], 0, *ks[i + 1:]]
+        active.append(i)
+        feeds[i], helds[i] = feed, held
+    while active:
+        segs = [Segment(np.asarray(feeds[i], dtype=np.int64), drafters[i].slot, helds[i], logits=ks[i] > 0)
+                for i in active]
+        logits = model.step(segs, slots.cache)
+        rows = model.ops.to_numpy(logits) if logits is not None else None
+        row, going = 0, []
+        for i, seg in zip(active, segs):
+            slots.wrote(drafters[i].slot, helds[i], seg.ids)
+            helds[i] += seg.ids.size
+            if ks[i] < 1:
+                continue
+            out[i].append(int(np.argmax(rows[row, :drafters[i].vocab])))
+            row += 1
+            feeds[i] = out[i][-1:]
+            if len(out[i]) < ks[i]:
+                going.append(i)
+        active = going
+    return out

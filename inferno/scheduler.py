@@ -34,7 +34,7 @@ from collections import deque
 
 import numpy as np
 
-from inferno.draft import ModelDrafter, NgramDrafter, SuffixDrafter
+from inferno.draft import ModelDrafter, NgramDrafter, SuffixDrafter, draft_together
 from inferno.errors import InfernoError
 from inferno.model.decoder import Segment
 from inferno.sequence import Event, Sequence, decode_rows, masks_for
@@ -274,11 +274,10 @@ class Scheduler:
     # -- internals ------------------------------------------------------------------------------
     def _plan(self) -> list[tuple[Sequence, Segment]]:
         batch, budget = [], self.chunk if self.chunk is not None else float("inf")
-        for seq in self.running:  # decoding sequences: one token each, and any draft
-            if not seq.prefilling:
-                draft = self._draft(seq)
-                ids = np.concatenate([seq.next_ids(1), draft]) if draft.size else seq.next_ids(1)
-                batch.append((seq, Segment(ids, seq.slot, seq.pos, every_row=draft.size > 0)))
+        decoding = [seq for seq in self.running if not seq.prefilling]
+        for seq, draft in zip(decoding, self._drafts(decoding)):  # one token each, and any draft
+            ids = np.concatenate([seq.next_ids(1), draft]) if draft.size else seq.next_ids(1)
+            batch.append((seq, Segment(ids, seq.slot, seq.pos, every_row=draft.size > 0)))
         ahead: list[Sequence] = []  # prefilling sequences already given a chunk this step
         for seq in self.running:  # then prompt chunks, oldest first, within the budget
             if seq.prefilling and budget > 0:
@@ -342,19 +341,41 @@ class Scheduler:
             return ModelDrafter(most, self.slots.paired(self.draft.model), seq.slot, self.model.cfg.vocab_size)
         return NgramDrafter(most)
 
-    def _draft(self, seq: Sequence) -> np.ndarray:
-        """Tokens to check after `seq`'s last one this step (draft.py's drafters), as many as
-        its options allow and its reply and slot have room for; none for most sequences. A
-        drafter that fails (a draft model's pass) is dropped: the sequence decodes on without."""
-        room = min(seq.options.max_tokens - len(seq.sampled) - 1, self.slots.cache.capacity - seq.pos - 1)
-        if seq.drafter is None or room < 1:
-            return np.empty(0, np.int64)
-        try:
-            return np.asarray(seq.drafter.propose(seq.prompt + seq.sampled, room), dtype=np.int64)
-        except Exception as e:
-            log.warning("drafting failed (%s: %s): the sequence goes on without drafts", type(e).__name__, e)
-            seq.drafter = None
-            return np.empty(0, np.int64)
+    def _drafts(self, seqs: list[Sequence]) -> list[np.ndarray]:
+        """Tokens to check after each sequence's last one this step (draft.py's drafters), as
+        many as its options allow and its reply and slot have room for; none for most
+        sequences. The draft model's sequences draft together (draft.draft_together: one pass
+        a drafted token for all). A drafter that fails (a draft model's pass) is dropped: its
+        sequence decodes on without."""
+        out = [np.empty(0, np.int64) for _ in seqs]
+        together: list[tuple[int, Sequence, int]] = []  # (index, sequence, tokens it wants)
+        for i, seq in enumerate(seqs):
+            room = min(seq.options.max_tokens - len(seq.sampled) - 1, self.slots.cache.capacity - seq.pos - 1)
+            if seq.drafter is None or room < 1:
+                continue
+            if isinstance(seq.drafter, ModelDrafter):
+                together.append((i, seq, seq.drafter.wants(room)))
+                continue
+            try:
+                out[i] = np.asarray(seq.drafter.propose(seq.prompt + seq.sampled, room), dtype=np.int64)
+            except Exception as e:
+                self._no_drafts(seq, e)
+        if together:
+            try:
+                drafts = draft_together([seq.drafter for _, seq, _ in together],
+                                        [seq.prompt + seq.sampled for _, seq, _ in together], [k for *_, k in together])
+            except Exception as e:  # the draft model's pass: every sequence in it
+                for _, seq, _ in together:
+                    self._no_drafts(seq, e)
+            else:
+                for (i, _, _), draft in zip(together, drafts):
+                    out[i] = np.asarray(draft, dtype=np.int64)
+        return out
+
+    @staticmethod
+    def _no_drafts(seq: Sequence, e: Exception) -> None:
+        log.warning("drafting failed (%s: %s): the sequence goes on without drafts", type(e).__name__, e)
+        seq.drafter = None
 
     def _verify(self, seq: Sequence, seg: Segment, rows: np.ndarray, events: list) -> None:
         """A verifying segment's tokens, taken one at a time as plain steps would take them:

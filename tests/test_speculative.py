@@ -207,6 +207,35 @@ def test_a_draft_model_drafts_in_step_with_the_sequence(drafted, prompt):
                                                seed=3).token_ids
 
 
+def test_sequences_draft_together(drafted, monkeypatch):
+    """Three sequences drafting with the draft model in one loop (a server's batch): each
+    gives its plain greedy tokens with every drafted token accepted, and the draft model takes
+    one pass a drafted token for all of them (draft.draft_together), not one for each."""
+    from inferno.model.decoder import UBATCH
+    prompts = PROMPTS[1:4]
+    plain = [drafted.generate(p, max_tokens=24, temperature=0).token_ids for p in prompts]
+    opts = drafted.options(max_tokens=24, temperature=0, speculative=4, spec_type="draft")
+    ids = [drafted.encode_prompt(p) for p in prompts]
+    seqs = [Sequence(x, opts, drafted.tokenizer, drafted.eos, index=i) for i, x in enumerate(ids)]
+    loop = Scheduler(drafted, drafted.new_slots(3, max(map(len, ids)) + 40), chunk=UBATCH)
+    widths, step = [], drafted.draft.model.step
+
+    def counted(segments, *args, **kwargs):
+        widths.append(len(segments))
+        return step(segments, *args, **kwargs)
+    monkeypatch.setattr(drafted.draft.model, "step", counted)
+    loop.add(seqs)
+    steps = 0
+    while loop.busy:
+        loop.step()
+        steps += 1
+    for seq, want in zip(seqs, plain):
+        assert [t for t in seq.sampled if t not in drafted.eos] == want
+        assert seq.accepted == seq.drafted > 0
+    assert max(widths) == 3  # a pass carried every sequence's row
+    assert len(widths) <= 4 * steps  # a pass a drafted token (the first with the catch-up), for all
+
+
 def test_a_long_prompt_reaches_the_draft_model_a_chunk_a_step(drafted):
     """A prompt past UBATCH tokens is fed to the draft model one pass of UBATCH a step: the
     first drafts wait for it, then every drafted token is the target's own pick."""
