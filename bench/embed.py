@@ -12,7 +12,7 @@ time of the round. Medians over the rounds, and their ratio. Then the vectors, t
 up to the two engines' rounding), and each server's against its own for the text sent alone.
 
 llama-server runs with -b and -ub 2048, so that a text fits one of its physical batches (its
-embeddings need that), and -c parallel x 512.
+embeddings need that), and -c parallel x --ctx-size (512).
 """
 
 from __future__ import annotations
@@ -75,18 +75,18 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=2, help="requests in flight")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--ctx-size", type=int, default=512, help="positions a slot, both servers (the longest text's)")
     args = ap.parse_args()
     from serve_load import llama_server_cmd
 
     items = texts(args.texts)
     p1, p2 = free_port(), free_port()
-    args.ctx_size = 512
     icmd = [sys.executable, "-m", "inferno", "serve", "-m", args.model, "-b", args.backend, "--port", str(p1),
-            "--parallel", str(args.parallel), "--ctx-size", "512", "--alias", "bench", "--embeddings",
+            "--parallel", str(args.parallel), "--ctx-size", str(args.ctx_size), "--alias", "bench", "--embeddings",
             "--pooling", args.pooling, "--log-level", "warning"]
     if args.threads:
         icmd += ["--threads", str(args.threads)]
-    lcmd = llama_server_cmd(args, p2, args.parallel, 512) + ["--embeddings", "--pooling", args.pooling,
+    lcmd = llama_server_cmd(args, p2, args.parallel, args.ctx_size) + ["--embeddings", "--pooling", args.pooling,
                                                               "-b", "2048", "-ub", "2048"]
     figures: dict[str, list[float]] = {"inferno": [], "llama-server": []}
     vecs = {}
