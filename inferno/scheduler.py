@@ -345,8 +345,8 @@ class Scheduler:
         """Tokens to check after each sequence's last one this step (draft.py's drafters), as
         many as its options allow and its reply and slot have room for; none for most
         sequences. The draft model's sequences draft together (draft.draft_together: one pass
-        a drafted token for all). A drafter that fails (a draft model's pass) is dropped: its
-        sequence decodes on without."""
+        a drafted token for all; where that fails, one at a time). A drafter that fails (a draft
+        model's pass) is dropped: its sequence decodes on without."""
         out = [np.empty(0, np.int64) for _ in seqs]
         together: list[tuple[int, Sequence, int]] = []  # (index, sequence, tokens it wants)
         for i, seq in enumerate(seqs):
@@ -364,12 +364,16 @@ class Scheduler:
             try:
                 drafts = draft_together([seq.drafter for _, seq, _ in together],
                                         [seq.prompt + seq.sampled for _, seq, _ in together], [k for *_, k in together])
-            except Exception as e:  # the draft model's pass: every sequence in it
-                for _, seq, _ in together:
-                    self._no_drafts(seq, e)
-            else:
-                for (i, _, _), draft in zip(together, drafts):
-                    out[i] = np.asarray(draft, dtype=np.int64)
+            except Exception:  # the shared pass: again one sequence at a time, to drop only the failing
+                drafts = []
+                for _, seq, k in together:
+                    try:
+                        drafts.append(draft_together([seq.drafter], [seq.prompt + seq.sampled], [k])[0])
+                    except Exception as e:
+                        self._no_drafts(seq, e)
+                        drafts.append([])
+            for (i, _, _), draft in zip(together, drafts):
+                out[i] = np.asarray(draft, dtype=np.int64)
         return out
 
     @staticmethod

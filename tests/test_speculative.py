@@ -236,6 +236,31 @@ def test_sequences_draft_together(drafted, monkeypatch):
     assert len(widths) <= 4 * steps  # a pass a drafted token (the first with the catch-up), for all
 
 
+def test_a_failing_draft_pass_drops_only_its_sequence(drafted, monkeypatch):
+    """Where the shared pass fails, the sequences draft again one at a time: the one whose pass
+    fails goes on without drafts, the others keep theirs, and every text is the plain one."""
+    from inferno.model.decoder import UBATCH
+    prompts = PROMPTS[1:4]
+    plain = [drafted.generate(p, max_tokens=16, temperature=0).token_ids for p in prompts]
+    opts = drafted.options(max_tokens=16, temperature=0, speculative=4, spec_type="draft")
+    ids = [drafted.encode_prompt(p) for p in prompts]
+    seqs = [Sequence(x, opts, drafted.tokenizer, drafted.eos, index=i) for i, x in enumerate(ids)]
+    loop = Scheduler(drafted, drafted.new_slots(3, max(map(len, ids)) + 40), chunk=UBATCH)
+    step = drafted.draft.model.step
+
+    def failing(segments, *args, **kwargs):
+        if any(s.slot == seqs[1].slot for s in segments):
+            raise RuntimeError("the draft model's pass failed")
+        return step(segments, *args, **kwargs)
+    monkeypatch.setattr(drafted.draft.model, "step", failing)
+    loop.add(seqs)
+    while loop.busy:
+        loop.step()
+    assert [[t for t in s.sampled if t not in drafted.eos] for s in seqs] == plain
+    assert seqs[1].drafter is None and seqs[1].drafted == 0
+    assert seqs[0].drafted > 0 and seqs[2].drafted > 0
+
+
 def test_a_long_prompt_reaches_the_draft_model_a_chunk_a_step(drafted):
     """A prompt past UBATCH tokens is fed to the draft model one pass of UBATCH a step: the
     first drafts wait for it, then every drafted token is the target's own pick."""
