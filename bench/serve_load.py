@@ -459,13 +459,16 @@ def scenario_turns(args, bias):
 def scenario_ray(args, bias):
     """The turns workload (4 clients x 5 turns, the history resent) on two Ray Serve replicas
     (one CPU each), Ray's default router against --router prefix, beside one replica (`inferno
-    serve`, both cores); each client's system prompt its own (`--shared-system`: one for all,
-    which every replica's slots then hold). Rounds alternate the three servers."""
+    serve`, both cores) and one replica on one core (`--threads 1`: a Ray replica's share, so
+    that the split of the cores and the routing show apart); each client's system prompt its own
+    (`--shared-system`: one for all, which every replica's slots then hold). Rounds alternate
+    the four servers."""
     clients, turns, n, per_slot = 4, 5, 48, 2048
     results: dict[str, list] = {}
     print(f"system prompts: {'one shared by every client' if args.shared_system else 'one per client, sharing nothing'}")
     for _ in range(args.rounds):
-        for label, extra in (("one replica", []), ("2 replicas, default router", ["--ray", "--replicas", "2"]),
+        for label, extra in (("one replica", []), ("one replica, one core", ["--threads", "1"]),
+                             ("2 replicas, default router", ["--ray", "--replicas", "2"]),
                              ("2 replicas, prefix router", ["--ray", "--replicas", "2", "--router", "prefix"])):
             port = free_port()
             cmd = inferno_cmd(args, port) + extra
