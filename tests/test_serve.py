@@ -84,9 +84,10 @@ def slow_steps(engine, monkeypatch):
 
 @pytest.fixture
 def slower_steps(engine, monkeypatch):
-    """Each model step waits 20 ms: a 200-token stream lasts 4 s, long after a client thread
-    that the batch and server threads keep from the GIL has read its first chunk."""
-    delay_steps(engine, monkeypatch, 0.02)
+    """Each model step waits 50 ms: a 200-token stream lasts 10 s, long after a client thread
+    that the batch and server threads keep from the GIL (and the pool's workers from the two
+    cores: 4 s were seen) has read its first chunks."""
+    delay_steps(engine, monkeypatch, 0.05)
 
 
 def delay_steps(engine, monkeypatch, seconds: float) -> None:
@@ -246,7 +247,9 @@ def test_client_disconnect_frees_the_slot(server, client, engine, slower_steps):
     with httpx.stream("POST", url + "/v1/chat/completions",
                       json={"model": MODEL, "messages": MESSAGES, "max_tokens": 200, "stream": True,
                             "logit_bias": no_eos}) as r:
-        line = next(r.iter_lines())  # the role chunk may come before the scheduler admits the request
+        chunks = (line for line in r.iter_lines() if line.startswith("data: "))
+        next(chunks)  # the role chunk, which may come before the scheduler admits the request
+        line = next(chunks)  # a token's: admitted and decoding
         deadline = time.monotonic() + 5
         while batch.stats()["slots_used"] != 1 and time.monotonic() < deadline:
             time.sleep(0.005)
