@@ -207,17 +207,23 @@ def test_a_draft_model_drafts_in_step_with_the_sequence(drafted, prompt):
                                                seed=3).token_ids
 
 
+def drafting_loop(e, max_tokens: int):
+    """Three prompts as sequences that draft with e's draft model in one loop (a server's
+    batch), and each one's plain greedy tokens: (loop, sequences, plain)."""
+    from inferno.model.decoder import UBATCH
+    prompts = PROMPTS[1:4]
+    plain = [e.generate(p, max_tokens=max_tokens, temperature=0).token_ids for p in prompts]
+    opts = e.options(max_tokens=max_tokens, temperature=0, speculative=4, spec_type="draft")
+    ids = [e.encode_prompt(p) for p in prompts]
+    seqs = [Sequence(x, opts, e.tokenizer, e.eos, index=i) for i, x in enumerate(ids)]
+    return Scheduler(e, e.new_slots(3, max(map(len, ids)) + 40), chunk=UBATCH), seqs, plain
+
+
 def test_sequences_draft_together(drafted, monkeypatch):
     """Three sequences drafting with the draft model in one loop (a server's batch): each
     gives its plain greedy tokens with every drafted token accepted, and the draft model takes
     one pass a drafted token for all of them (draft.draft_together), not one for each."""
-    from inferno.model.decoder import UBATCH
-    prompts = PROMPTS[1:4]
-    plain = [drafted.generate(p, max_tokens=24, temperature=0).token_ids for p in prompts]
-    opts = drafted.options(max_tokens=24, temperature=0, speculative=4, spec_type="draft")
-    ids = [drafted.encode_prompt(p) for p in prompts]
-    seqs = [Sequence(x, opts, drafted.tokenizer, drafted.eos, index=i) for i, x in enumerate(ids)]
-    loop = Scheduler(drafted, drafted.new_slots(3, max(map(len, ids)) + 40), chunk=UBATCH)
+    loop, seqs, plain = drafting_loop(drafted, 24)
     widths, step = [], drafted.draft.model.step
 
     def counted(segments, *args, **kwargs):
@@ -239,13 +245,7 @@ def test_sequences_draft_together(drafted, monkeypatch):
 def test_a_failing_draft_pass_drops_only_its_sequence(drafted, monkeypatch):
     """Where the shared pass fails, the sequences draft again one at a time: the one whose pass
     fails goes on without drafts, the others keep theirs, and every text is the plain one."""
-    from inferno.model.decoder import UBATCH
-    prompts = PROMPTS[1:4]
-    plain = [drafted.generate(p, max_tokens=16, temperature=0).token_ids for p in prompts]
-    opts = drafted.options(max_tokens=16, temperature=0, speculative=4, spec_type="draft")
-    ids = [drafted.encode_prompt(p) for p in prompts]
-    seqs = [Sequence(x, opts, drafted.tokenizer, drafted.eos, index=i) for i, x in enumerate(ids)]
-    loop = Scheduler(drafted, drafted.new_slots(3, max(map(len, ids)) + 40), chunk=UBATCH)
+    loop, seqs, plain = drafting_loop(drafted, 16)
     step = drafted.draft.model.step
 
     def failing(segments, *args, **kwargs):

@@ -25,7 +25,7 @@ import numpy as np
 from inferno.formats.cache_types import widen_bf16
 from inferno.formats.quant import QTYPES, QuantTensor
 from inferno.errors import InfernoError, one_line
-from inferno.model.config import Experts, ModelConfig, RopeScaling, yarn_mscale
+from inferno.model.config import Experts, ModelConfig, RopeScaling, both_ways_window, yarn_mscale
 from inferno.formats.gguf_file import GGUFFile, TensorInfo, read_gguf
 from inferno.tokenizers.gguf_tokenizer import tokenizer_from_gguf
 from inferno.loading.checkpoint import Checkpoint
@@ -95,6 +95,7 @@ CONFIG_TENSORS = ("rope_freqs.weight",)
 # as llama.cpp's converter writes them with --sentence-transformers-dense-modules: read into the
 # embedding spec, applied after the pooling.
 DENSE_TENSORS = ("dense_2.weight", "dense_3.weight")
+SIDE_TENSORS = (*CONFIG_TENSORS, *DENSE_TENSORS)  # in the file, not among the model's tensors
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's: every sixth Gemma 3 layer is global (where the file does not say)
 GEMMA3_LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa for Gemma 3 (where not in the file)
 _BLOCK = re.compile(r"blk\.(\d+)\.")
@@ -132,7 +133,7 @@ def load_gguf(path: str | Path, progress=None) -> Checkpoint:
     _check_layers(path, config, infos)
 
     # Matrices in other types are dequantised: the one slow part, under the progress bar.
-    model_tensors = [i for i in infos.values() if i.name not in (*CONFIG_TENSORS, *DENSE_TENSORS)]
+    model_tensors = [i for i in infos.values() if i.name not in SIDE_TENSORS]
     dense = tuple(tensor(gf, infos[n]) for n in DENSE_TENSORS if n in infos)
     slow = [i for i in model_tensors if len(i.shape) >= 2 and not _kept_as_stored(i)]
     fast = [i for i in model_tensors if len(i.shape) < 2 or _kept_as_stored(i)]
@@ -258,8 +259,8 @@ def config_from_gguf(meta: dict, arch: str, infos: dict, tokenizer, source: str,
             windowed = [bool(p) for p in pattern]
         else:
             windowed = [(i + 1) % int(pattern) != 0 for i in range(layers)]
-        if arch == "gemma-embedding":  # both ways (llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC): |p - j| <= window / 2
-            window = window // 2 + 1
+        if arch == "gemma-embedding":
+            window = both_ways_window(window)
         family = dict(
             activation="gelu_tanh", attention_scale=float(scalar) ** -0.5,
             layer_windows=tuple(window if w else 0 for w in windowed),
@@ -327,7 +328,7 @@ def _check_tensors(path: Path, arch: str, infos: dict[str, TensorInfo]) -> None:
     if embd is None or len(embd.shape) != 2:
         raise InfernoError(f"{path.name}: no token_embd.weight matrix; the file is incomplete")
     for info in infos.values():
-        if hf_name(info.name, arch) is None and info.name not in (*CONFIG_TENSORS, *DENSE_TENSORS):
+        if hf_name(info.name, arch) is None and info.name not in SIDE_TENSORS:
             raise InfernoError(f"{path.name}: tensor {info.name} is not part of a {arch} model "
                                f"inferno runs (biases, shared experts and vision towers are not "
                                f"supported)")

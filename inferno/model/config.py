@@ -347,11 +347,16 @@ def _layer_windows(cfg: dict, arch: str, layers: int) -> tuple[int, ...]:
     unknown = set(types) - {"sliding_attention", "full_attention"}
     if unknown:
         raise InfernoError(f"model config: layer type {sorted(unknown)[0]!r} is not supported")
-    if cfg.get("use_bidirectional_attention"):
-        # transformers' Gemma 3 keeps |p - j| < window // 2 + 1 both ways (its config's
-        # __post_init__; config.json holds the window as trained)
-        window = int(window) // 2 + 1
+    if cfg.get("use_bidirectional_attention"):  # (config.json holds the window as trained)
+        window = both_ways_window(int(window))
     return tuple(int(window) if t == "sliding_attention" else 0 for t in types)
+
+
+def both_ways_window(trained: int) -> int:
+    """The window of a model that attends both ways, as inferno counts it (|p - j| < window),
+    from the one it was trained with: |p - j| <= trained // 2, as transformers' bidirectional
+    Gemma 3 (its config's __post_init__) and llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC keep it."""
+    return trained // 2 + 1
 
 
 def _experts(cfg: dict, layers: int) -> Experts | None:

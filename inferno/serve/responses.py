@@ -95,50 +95,40 @@ class ResponsesRequest(Body):
 def input_messages(items: list[dict]) -> list[dict]:
     """Responses input items as chat messages."""
     out: list[dict] = []
+    held = None  # a reasoning item's text: the reasoning_content of the assistant turn right after it
     for i, item in enumerate(items):
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            thought = _reasoning_text(item)
+            if thought:
+                held = thought if held is None else held + thought
+            continue
         if kind == "message":
-            out.append({"role": item.get("role"), "content": _text(item.get("content"), f"input[{i}].content")})
+            m = {"role": item.get("role"), "content": _text(item.get("content"), f"input[{i}].content")}
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
-            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+            if held is None and out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
                 out[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                continue
+            m = {"role": "assistant", "content": None, "tool_calls": [call]}
         elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                        "content": _text(item.get("output"), f"input[{i}].output")})
-        elif kind == "reasoning":  # the next assistant turn's reasoning_content
-            thought = _reasoning_text(item)
-            if thought:
-                out.append({"role": "assistant", "content": None, "reasoning_content": thought})
+            m = {"role": "tool", "tool_call_id": item.get("call_id"),
+                 "content": _text(item.get("output"), f"input[{i}].output")}
         else:
             raise APIError(400, f"input[{i}]: item type {kind!r} is not supported (message, function_call, "
                            f"function_call_output, reasoning)", param="input")
-    return _join_reasoning(out)
+        if held is not None and m["role"] == "assistant":  # (dropped before any other: no template takes it alone)
+            m["reasoning_content"] = held
+        held = None
+        out.append(m)
+    return out
 
 
 def _reasoning_text(item: dict) -> str:
     """A reasoning item's text: its reasoning_text content, else its summary's."""
     parts = item.get("content") or item.get("summary") or []
     return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
-
-
-def _join_reasoning(messages: list[dict]) -> list[dict]:
-    """A reasoning-only assistant message given to the assistant message right after it, as
-    that message's reasoning_content (dropped where none follows: no template takes it alone)."""
-    out: list[dict] = []
-    held = None
-    for m in messages:
-        if m["role"] == "assistant" and m.keys() == {"role", "content", "reasoning_content"} and m["content"] is None:
-            held = m["reasoning_content"] if held is None else held + m["reasoning_content"]
-            continue
-        if held is not None and m["role"] == "assistant":
-            m = {**m, "reasoning_content": held}
-        held = None
-        out.append(m)
-    return out
 
 
 def _text(content, where: str) -> str | None:
