@@ -127,6 +127,45 @@ def test_mxfp4_is_ggmls_e2m1_times_a_power_of_two():
     np.testing.assert_array_equal(ints, kvalues[q[:256]].reshape(-1))
 
 
+@pytest.mark.parametrize("fp4", [False, True], ids=["nibbles", "mxfp4"])
+def test_dealt_blocks_multiply_as_in_weight_order(fp4):
+    """ilanes' dealt decoders (a 4-bit block's 32 weights as int16 lanes in the order DEALT,
+    ldot._l_dealt's blocks) times activations put in that order by hdeal, summed by zisums8: each
+    block's integer sum equals numpy's over the weights in their own order, exactly. Nibble q is
+    weight i's low nibble of byte i and weight i + 16's high one; MXFP4's values come plus 12."""
+    import numba as nb
+    from inferno.backends.numba import ilanes, lanes
+
+    rng = np.random.default_rng(3)
+    f = rng.integers(0, 256, 16 * 64, dtype=np.uint8)  # 64 blocks' nibble bytes
+    x = rng.integers(-20000, 20001, 32 * 64).astype(np.int16)  # sums stay exact in float32
+
+    @nb.njit
+    def block(f, g, xd):
+        w = ilanes.zwfp4_dealt(f, 16 * g) if fp4 else ilanes.zwnib_dealt(f, 16 * g)
+        return ilanes.maddwd(w, ilanes.zhload(xd, 32 * g))
+
+    @nb.njit
+    def sums(f, x):
+        xd = np.empty_like(x)
+        for g in range(64):
+            ilanes.hdeal(x, 32 * g, xd, 32 * g)
+        out = np.empty(64, np.float32)
+        for g in range(0, 64, 8):
+            s = ilanes.zisums8(block(f, g, xd), block(f, g + 1, xd), block(f, g + 2, xd), block(f, g + 3, xd),
+                               block(f, g + 4, xd), block(f, g + 5, xd), block(f, g + 6, xd), block(f, g + 7, xd))
+            ilanes.fstore8(out, g, ilanes.ifloat(s))
+        return out
+
+    q = f.reshape(64, 16)
+    q = np.concatenate([q & 15, q >> 4], axis=1)  # [blocks, 32], weight order
+    if fp4:
+        q = np.array(lanes.MXFP4_VALUES)[q] + 12
+    want = (q.astype(np.int64) * x.reshape(64, 32)).sum(axis=1)
+    np.testing.assert_array_equal(sums(f, x), want.astype(np.float32))
+    assert sorted(ilanes.DEALT) == list(range(32))
+
+
 def test_mxfp4_from_hf_is_transformers_dequantisation():
     """Hugging Face's gpt-oss layout (`*_blocks` [experts, out, in / 32, 16], `*_scales`
     [experts, out, in / 32]) re-paired into ggml's blocks: the same values as transformers'

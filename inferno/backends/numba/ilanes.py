@@ -28,7 +28,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from inferno.backends.numba.lanes import _VF, _address, _exact_fma, e8m0_bits, f32x16, fp4_values, kscale_bytes
+from inferno.backends.numba.lanes import MXFP4_VALUES, _VF, _address, _exact_fma, e8m0_bits, f32x16, fp4_values, kscale_bytes
 
 _I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()
@@ -545,6 +545,64 @@ def wfp4(typingctx, f, o, high):
     return None if codegen is None else (i16x16(f, types.intp, high), codegen)
 
 
+# -- a 4-bit block's weights in dealt order (ldot's one-row matvec) -------------------------------------
+# Widening bytes to int16 lanes (vpmovzxbw, vpmovsxbw) crosses a register's 128-bit quarters, and
+# a Q4_0, Q4_1 or MXFP4 block took four such widenings and four 256-bit products. Read as words,
+# a block's 16 bytes already hold its 32 nibbles, four to a word: broadcast to the four quarters
+# of a 512-bit register, one shift (by 0, 8, 4 and 12 bits, a quarter each) and one mask give all
+# 32 weights as int16 lanes, no shuffle, for one product. They come in the order DEALT (lane k
+# holds weight DEALT[k]); `hdeal` puts a block's activations in the same order once a call, and a
+# dot product does not mind the order of its terms.
+DEALT = (*range(0, 16, 2), *range(1, 16, 2), *range(16, 32, 2), *range(17, 32, 2))
+_DEALT_SHIFTS = (0,) * 8 + (8,) * 8 + (4,) * 8 + (12,) * 8
+# MXFP4's values with 12 added (0..24): a table lookup's int16 lanes are its byte zero-extended,
+# so the values must be unsigned; ldot takes the 12 off the block's sum
+MXFP4_PLUS12 = tuple(v + 12 for v in MXFP4_VALUES)
+
+
+def _dealt_codegen(fp4: bool):
+    def codegen(context, builder, sig, args):
+        b = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I8, 16), align=1)
+        words = builder.bitcast(builder.shuffle_vector(b, b, ir.Constant(ir.VectorType(_I32, 64), list(range(16)) * 4)), _ZW)
+        n = builder.and_(builder.lshr(words, ir.Constant(_ZW, list(_DEALT_SHIFTS))), _const(_ZW, 15))
+        if not fp4:
+            return n
+        if "avx512bw" in target_features():
+            # the high byte of each word's index has bit 7 set: pshufb writes it 0
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_ZB, [_ZB, _ZB]), "llvm.x86.avx512.pshuf.b.512")
+            table = ir.Constant(_ZB, list(MXFP4_PLUS12) * 4)
+            return builder.bitcast(builder.call(fn, [table, builder.bitcast(builder.or_(n, _const(_ZW, 0x8000)), _ZB)]), _ZW)
+        out = _const(_ZW, 0)
+        for q, v in enumerate(MXFP4_PLUS12):
+            out = builder.select(builder.icmp_unsigned("==", n, _const(_ZW, q)), _const(_ZW, v), out)
+        return out
+    return codegen
+
+
+@intrinsic
+def zwnib_dealt(typingctx, f, o):
+    """The 32 nibbles of the 16 bytes f[o:o + 16] (a Q4_0 or Q4_1 block's) as int16 lanes, in
+    the order DEALT."""
+    return i16x32(f, types.intp), _dealt_codegen(fp4=False)
+
+
+@intrinsic
+def zwfp4_dealt(typingctx, f, o):
+    """zwnib_dealt for an MXFP4 block: its values plus 12 (MXFP4_PLUS12[q], 0..24)."""
+    return i16x32(f, types.intp), _dealt_codegen(fp4=True)
+
+
+@intrinsic
+def hdeal(typingctx, src, so, dst, do):
+    """dst[do:do + 32] = the 32 int16 src[so:so + 32] in the order DEALT."""
+    def codegen(context, builder, sig, args):
+        v = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I16, 32), align=2)
+        v = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 32), list(DEALT)))
+        builder.store(v, _address(context, builder, sig.args[2], args[2], args[3], _I16, 32), align=2)
+        return context.get_dummy_value()
+    return types.void(src, types.intp, dst, types.intp), codegen
+
+
 @intrinsic
 def wbits(typingctx, f, o, value):
     """The 16 bits of the little-endian uint16 f[o:o + 2] as int16 lanes: `value` where bit i is
@@ -672,12 +730,23 @@ def isums8(typingctx, a, b, c, d, e, f, g, h):
     if any(t != i32x8 for t in (a, b, c, d, e, f, g, h)):
         return None
 
-    def codegen(context, builder, sig, args):
-        v = list(args)
-        while len(v) > 1:
-            v = [_even_odd_sum(builder, v[i], v[i + 1]) for i in range(0, len(v), 2)]
-        return v[0]
-    return i32x8(a, b, c, d, e, f, g, h), codegen
+    return i32x8(a, b, c, d, e, f, g, h), lambda context, builder, sig, args: _pairwise(builder, args)
+
+
+def _pairwise(builder, v):
+    """The even/odd sums of pairs of the vectors v, level by level, down to one vector."""
+    while len(v) > 1:
+        v = [_even_odd_sum(builder, v[i], v[i + 1]) for i in range(0, len(v), 2)]
+    return v[0]
+
+
+@intrinsic
+def zisums8(typingctx, a, b, c, d, e, f, g, h):
+    """isums8 of eight i32x16: lane i the sum of the i-th argument's 16 lanes, exact (after
+    isums8's three levels, lanes 2i and 2i + 1 hold the i-th argument's halves)."""
+    if any(t != i32x16 for t in (a, b, c, d, e, f, g, h)):
+        return None
+    return i32x8(a, b, c, d, e, f, g, h), lambda context, builder, sig, args: _pairs(builder, _pairwise(builder, args), _D)
 
 
 fload8 = _vector_load("fload8", f32x8, _F32, 8, 4, "The 8 float32 f[o:o + 8].")

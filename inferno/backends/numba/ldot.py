@@ -28,6 +28,10 @@ arithmetic: per output, block by block, acc = fma(float(q . qx), d dx, acc) (and
 for Q4_1 and Q5_1). A row's result is then the same bit for bit however its tokens were
 grouped into steps, on any number of threads (tests/test_invariance.py).
 
+One row of Q4_0, Q4_1 or MXFP4 on AVX-512 takes `_l_dealt`, the same integer block sums with
+the weights widened in a 512-bit register without a shuffle (ilanes.DEALT): where an expert's
+MXFP4 rows were bound by the widening, not by DRAM (bench/RESULTS.md, "The one-row matvec").
+
 On AVX-512 machines with VNNI the decode here ran within noise of the float32 kernels (SmolLM2's
 Q8_0, Q4_1, Q5_0 and Q4_K_M files, Gemma 3: 0.94-1.11x, bench/RESULTS.md), so the backends turn
 it on there too, for the prefill's sake.
@@ -37,13 +41,15 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba.extending import register_jitable
+from numba import types
+from numba.extending import overload, register_jitable
 
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dense import FAST
 from inferno.backends.numba.ilanes import (
-    e8m0vec8, f16vec8, fload8, fma8, fmul8, fsplat8, fstore8, fzero8, hload, iadd, ifloat, isums8, maddwd,
-    target_features, vamax2, vrint, vstore_i16, wadd, wbits, wbytes, wfp4, wnib, wsub_const,
+    e8m0vec8, f16vec8, fload8, fma8, fmul8, fsplat8, fstore8, fzero8, hdeal, hload, iadd, ifloat, isplat8, isums8,
+    maddwd, target_features, vamax2, vrint, vstore_i16, wadd, wbits, wbytes, wfp4, wnib, wsub_const, zhload,
+    zisums8, zwfp4_dealt, zwnib_dealt,
 )
 from inferno.backends.numba.lanes import e8m0at, f16at, prefetch, vload, vmul, vsplat, vsum
 
@@ -201,7 +207,7 @@ def l_rows(kind, w, x16, dx, xs, out, r0, r1):
     lm_head ran at a third of the speed without). Rows past r1 in the last pass repeat its
     last row and are not stored."""
     if x16.shape[0] == 1:
-        _l_one(kind, w, x16, dx, xs, out, r0, r1)
+        one_row(kind, w, x16, dx, xs, out, r0, r1)
     else:
         _l_few(kind, w, x16, dx, xs, out, r0, r1)
 
@@ -229,6 +235,103 @@ def _l_one(kind, w, x16, dx, xs, out, r0, r1):
                           block_sum(kind, f, o2 + b, xl, xh), block_sum(kind, f, o3 + b, xl, xh),
                           block_sum(kind, f, o4 + b, xl, xh), block_sum(kind, f, o5 + b, xl, xh),
                           block_sum(kind, f, o6 + b, xl, xh), block_sum(kind, f, o7 + b, xl, xh))
+            d, m = scales(kind, f, o0 + b, o1 + b, o2 + b, o3 + b, o4 + b, o5 + b, o6 + b, o7 + b)
+            acc = fma8(ifloat(sums), fmul8(d, fsplat8(dx[0, g])), acc)
+            if offset(kind):
+                acc = fma8(m, fsplat8(xs[0, g]), acc)
+        fstore8(lanes, 0, acc)
+        for i in range(min(8, r1 - r)):
+            out[0, r + i] = lanes[i]
+        r += 8
+
+
+# Where 512-bit int16 products exist (AVX-512 BW): one row of a 4-bit kind through `_l_dealt`.
+DEALT_ROWS = "avx512bw" in target_features()
+
+
+@register_jitable
+def dealt(kind):
+    """Whether one row of the kind goes through `_l_dealt`: the 4-bit kinds whose nibbles fill
+    whole bytes, on AVX-512."""
+    return DEALT_ROWS and (kind == Q4_0 or kind == Q4_1 or kind == MXFP4)
+
+
+def one_row(kind, w, x16, dx, xs, out, r0, r1):
+    """l_rows for one activation row: `_l_dealt` where dealt(kind), else `_l_one` (jitted code
+    only: the overload below)."""
+    raise TypeError("one_row runs in jitted code only")
+
+
+@overload(one_row, prefer_literal=True, jit_options=dict(fastmath=FAST))
+def _one_row(kind, w, x16, dx, xs, out, r0, r1):
+    """Chosen while typing where the kind is a literal, so that only the kernel taken compiles."""
+    if isinstance(kind, types.IntegerLiteral):
+        kernel = _l_dealt if dealt(kind.literal_value) else _l_one
+
+        def one_kind(kind, w, x16, dx, xs, out, r0, r1):
+            kernel(kind, w, x16, dx, xs, out, r0, r1)
+        return one_kind
+
+    def any_kind(kind, w, x16, dx, xs, out, r0, r1):
+        if dealt(kind):
+            _l_dealt(kind, w, x16, dx, xs, out, r0, r1)
+        else:
+            _l_one(kind, w, x16, dx, xs, out, r0, r1)
+    return any_kind
+
+
+@inline
+def dealt_offset(kind):
+    """What `_l_dealt`'s integers carry beyond q: Q4_0's stored nibble is q + 8, MXFP4's table
+    (ilanes.MXFP4_PLUS12) gives q + 12; Q4_1's q is the nibble."""
+    return 8 if kind == Q4_0 else (12 if kind == MXFP4 else 0)
+
+
+@inline
+def dealt_block(kind, f, o, x):
+    """The 16 int32 lanes of q . qx for the 4-bit block at byte o, against 32 activations x in
+    ilanes.DEALT's order."""
+    if kind == MXFP4:
+        return maddwd(zwfp4_dealt(f, o + 1), x)
+    return maddwd(zwnib_dealt(f, o + 2 if kind == Q4_0 else o + 4), x)
+
+
+@jit
+def _l_dealt(kind, w, x16, dx, xs, out, r0, r1):
+    """_l_one for Q4_0, Q4_1 and MXFP4, its weights widened without a shuffle (ilanes.DEALT): the
+    activations are dealt once into that order and each block's sum of them kept, so that a block's
+    integer sum comes out as _l_one's, exactly, less dealt_offset(kind) times that sum."""
+    f = w.reshape(-1)
+    rb = w.shape[1]
+    n = x16.shape[1]
+    blocks = n // 32
+    bb = rb // blocks
+    last = r1 - 1
+    xd = np.empty(n, np.int16)
+    less = np.empty(blocks, np.int32)
+    off = dealt_offset(kind)
+    for g in range(blocks):
+        hdeal(x16[0], 32 * g, xd, 32 * g)
+        total = 0
+        for i in range(32 * g, 32 * g + 32):
+            total += np.int32(x16[0, i])
+        less[g] = -off * total
+    lanes = np.empty(8, np.float32)
+    r = r0
+    while r < r1:
+        o0, o1, o2, o3, o4, o5, o6, o7 = pass_rows(r, last, rb)
+        ahead = (r + 8) * rb
+        acc = fzero8()
+        for g in range(blocks):
+            b = bb * g
+            prefetch_block(f, ahead, b, bb)
+            x = zhload(xd, 32 * g)
+            sums = zisums8(dealt_block(kind, f, o0 + b, x), dealt_block(kind, f, o1 + b, x),
+                           dealt_block(kind, f, o2 + b, x), dealt_block(kind, f, o3 + b, x),
+                           dealt_block(kind, f, o4 + b, x), dealt_block(kind, f, o5 + b, x),
+                           dealt_block(kind, f, o6 + b, x), dealt_block(kind, f, o7 + b, x))
+            if off != 0:
+                sums = iadd(sums, isplat8(less[g]))
             d, m = scales(kind, f, o0 + b, o1 + b, o2 + b, o3 + b, o4 + b, o5 + b, o6 + b, o7 + b)
             acc = fma8(ifloat(sums), fmul8(d, fsplat8(dx[0, g])), acc)
             if offset(kind):
