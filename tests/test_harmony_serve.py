@@ -219,6 +219,25 @@ def test_a_recorded_reply_is_reasoning_and_content_whole_and_streamed(server, cl
     assert kinds.count("reasoning_content") > 1 and kinds.index("content") > kinds.index("reasoning_content")
 
 
+def test_usage_counts_the_tokens_before_the_answer_as_reasoning(server, client, monkeypatch):
+    """usage.completion_tokens_details.reasoning_tokens: the reply's tokens up to its answer (the
+    analysis channel and the headers around it), whole, streamed and through the Responses API
+    (output_tokens_details); a reply with no reasoning has none."""
+    url, e = server
+    thinking = len(e.tokenizer.encode(FINAL[:FINAL.index(ANSWER)], add_special_tokens=False))
+    scripted(monkeypatch, e, FINAL)
+    whole = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=300)
+    assert whole.usage.completion_tokens_details.reasoning_tokens == thinking
+    assert whole.usage.completion_tokens > thinking
+    chunks, _ = sse_text(url, {"messages": USER, "max_tokens": 300, "stream_options": {"include_usage": True}})
+    assert chunks[-1]["usage"]["completion_tokens_details"]["reasoning_tokens"] == thinking
+    r = httpx.post(url + "/v1/responses", json={"model": MODEL, "input": "Hello!", "max_output_tokens": 300}, timeout=120)
+    assert r.json()["usage"]["output_tokens_details"]["reasoning_tokens"] == thinking
+    scripted(monkeypatch, e, f"<|channel|>final<|message|>{ANSWER}")
+    plain = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=300)
+    assert plain.choices[0].message.content == ANSWER and plain.usage.completion_tokens_details is None
+
+
 def test_a_recorded_call_is_a_tool_call_whole_and_streamed(server, client, monkeypatch):
     """tool_choice auto: the grammar takes the recorded call (each scripted token goes through
     the matcher), and <|call|>, an end token, ends the reply."""

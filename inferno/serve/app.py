@@ -440,7 +440,8 @@ async def stream(resp: Response, handle: Handle, include_usage: bool):
                 yield sse({**resp.envelope([choice], stream=True), **extra})
         if include_usage:  # and llama-server's timings, which its web page (and ours) show
             yield sse({**resp.envelope([], stream=True), "timings": handle.timings(),
-                       "usage": usage(handle.prompt_tokens, completion_tokens, cached_tokens, drafted, accepted)})
+                       "usage": usage(handle.prompt_tokens, completion_tokens, cached_tokens, drafted, accepted,
+                                      resp.reasoning_tokens)})
         yield "data: [DONE]\n\n"
     finally:
         handle.cancel()  # the client went away (the generator is cancelled), or a choice failed
@@ -466,7 +467,7 @@ async def stream_response(reply: Reply, resp: Response, handle: Handle, store: S
             for choice in resp.chunk_choices(ev):
                 for line in events.chunk(choice):
                     yield line
-        for line in events.closing(usage(handle.prompt_tokens, completion, cached)):
+        for line in events.closing(usage(handle.prompt_tokens, completion, cached, reasoning=resp.reasoning_tokens)):
             yield line
         store.put(reply)
     finally:

@@ -314,6 +314,7 @@ class Response:
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.offsets: dict[int, int] = {}  # choice -> characters sent, for completions' text_offset
+        self.thinking: dict[int, ReasoningTokens] = {}  # choice -> its tokens before its answer
 
     def envelope(self, choices: list[dict], stream: bool) -> dict:
         obj = {"chat": "chat.completion", "text": "text_completion"}[self.kind] + (".chunk" if stream and self.kind == "chat" else "")
@@ -333,6 +334,7 @@ class Response:
         if parser is None:
             parser = self.parsers[ev.index] = stream_parser(self.tool_format)
         deltas = parser.feed(ev.text) + (parser.finish() if ev.finish_reason else [])
+        self.thinking.setdefault(ev.index, ReasoningTokens()).feed(deltas, len(ev.token_ids))
         chunks = []
         for d in deltas:
             if d.reasoning is not None:
@@ -353,6 +355,11 @@ class Response:
         if out:
             out[0]["logprobs"] = self.logprobs(ev)
         return out
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The streamed choices' reasoning tokens so far (ReasoningTokens)."""
+        return sum(t.count for t in self.thinking.values())
 
     def chunk_choice(self, ev: Event) -> dict:
         """One streamed choice: `ev`'s text, log-probabilities and finish."""
@@ -385,6 +392,7 @@ class Response:
         for ev in events:
             by_index.setdefault(ev.index, []).append(ev)
         choices = []
+        reasoning_tokens = 0
         for index, evs in sorted(by_index.items()):
             text = "".join(e.text for e in evs)
             if self.kind == "chat" and self.fenced:
@@ -395,6 +403,7 @@ class Response:
                 message, finish = {"role": "assistant", "content": text}, merged.finish_reason
                 if self.tool_format is not None:  # the reply as content and calls, as streamed
                     reasoning, content, calls = parse_reply(self.tool_format, text)
+                    reasoning_tokens += ReasoningTokens.of(self.tool_format, evs)
                     message = {"role": "assistant", "content": content or (None if calls else "")}
                     if reasoning:
                         message["reasoning_content"] = reasoning
@@ -410,21 +419,57 @@ class Response:
         body = self.envelope(choices, stream=False)
         body["usage"] = usage(prompt_tokens, sum(e.completion_tokens for e in events),
                               sum(e.cached_tokens for e in events), sum(e.drafted_tokens for e in events),
-                              sum(e.accepted_tokens for e in events))
+                              sum(e.accepted_tokens for e in events), reasoning_tokens)
         return body
 
 
+class ReasoningTokens:
+    """How many completion tokens a parsed reply spent before its answer (its first content or
+    tool call), where it reasoned: OpenAI's usage.completion_tokens_details.reasoning_tokens.
+    The format's own markers before the answer (harmony's channel headers) count with the
+    reasoning; a reply cut in its reasoning is all reasoning."""
+
+    def __init__(self):
+        self.before, self.reasoned, self.answered = 0, False, False
+
+    def feed(self, deltas: list, tokens: int) -> None:
+        """One event's parsed deltas and the tokens it took."""
+        if self.answered or any(d.reasoning is None for d in deltas):
+            self.answered = True
+            return
+        self.before += tokens
+        self.reasoned = self.reasoned or bool(deltas)
+
+    @property
+    def count(self) -> int:
+        return self.before if self.reasoned else 0
+
+    @classmethod
+    def of(cls, tool_format: str, events: list[Event]) -> int:
+        """The count for one choice's events, parsed as a stream would be."""
+        parser, counter = stream_parser(tool_format), cls()
+        for i, ev in enumerate(events):
+            counter.feed(parser.feed(ev.text) + (parser.finish() if i == len(events) - 1 else []), len(ev.token_ids))
+        return counter.count
+
+
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, drafted: int = 0,
-          accepted: int = 0) -> dict:
+          accepted: int = 0, reasoning: int = 0) -> dict:
     """OpenAI's usage object; `cached_tokens`: prompt tokens whose K/V a slot already held;
     speculative decoding's drafted tokens as OpenAI's predicted outputs count theirs, accepted
-    and rejected (completion_tokens_details, only where something was drafted)."""
+    and rejected (completion_tokens_details, only where something was drafted); `reasoning`: the
+    completion tokens a reasoning model spent before its answer (ReasoningTokens; there too, only
+    where there were some)."""
     out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
            "total_tokens": prompt_tokens + completion_tokens,
            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    details = {}
+    if reasoning:
+        details["reasoning_tokens"] = reasoning
     if drafted:
-        out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
-                                            "rejected_prediction_tokens": drafted - accepted}
+        details.update(accepted_prediction_tokens=accepted, rejected_prediction_tokens=drafted - accepted)
+    if details:
+        out["completion_tokens_details"] = details
     return out
 
 

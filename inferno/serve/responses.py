@@ -204,7 +204,8 @@ class Reply:
         self.usage = {"input_tokens": chat_usage["prompt_tokens"],
                       "input_tokens_details": {"cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
                       "output_tokens": chat_usage["completion_tokens"],
-                      "output_tokens_details": {"reasoning_tokens": 0},
+                      "output_tokens_details": {"reasoning_tokens": chat_usage.get("completion_tokens_details", {})
+                                                .get("reasoning_tokens", 0)},
                       "total_tokens": chat_usage["total_tokens"]}
 
     def whole(self, chat_body: dict) -> dict:
