@@ -28,9 +28,10 @@ arithmetic: per output, block by block, acc = fma(float(q . qx), d dx, acc) (and
 for Q4_1 and Q5_1). A row's result is then the same bit for bit however its tokens were
 grouped into steps, on any number of threads (tests/test_invariance.py).
 
-One row of Q4_0, Q4_1 or MXFP4 on AVX-512 takes `_l_dealt`, the same integer block sums with
-the weights widened in a 512-bit register without a shuffle (ilanes.DEALT): where an expert's
-MXFP4 rows were bound by the widening, not by DRAM (bench/RESULTS.md, "The one-row matvec").
+Q4_0, Q4_1 and MXFP4 on AVX-512 take `_l_dealt` (one row) and `_l_few_dealt`: the same integer
+block sums, the weights widened in a 512-bit register without a shuffle (ilanes.DEALT), where
+an expert's MXFP4 rows were bound by the widening, not by DRAM (bench/RESULTS.md, "The one-row
+matvec").
 
 On AVX-512 machines with VNNI the decode here ran within noise of the float32 kernels (SmolLM2's
 Q8_0, Q4_1, Q5_0 and Q4_K_M files, Gemma 3: 0.94-1.11x, bench/RESULTS.md), so the backends turn
@@ -206,10 +207,7 @@ def l_rows(kind, w, x16, dx, xs, out, r0, r1):
     are read, a block's worth each block (eight streams outrun the hardware's prefetchers: the
     lm_head ran at a third of the speed without). Rows past r1 in the last pass repeat its
     last row and are not stored."""
-    if x16.shape[0] == 1:
-        one_row(kind, w, x16, dx, xs, out, r0, r1)
-    else:
-        _l_few(kind, w, x16, dx, xs, out, r0, r1)
+    rows_of(kind, w, x16, dx, xs, out, r0, r1)
 
 
 @jit
@@ -256,27 +254,35 @@ def dealt(kind):
     return DEALT_ROWS and (kind == Q4_0 or kind == Q4_1 or kind == MXFP4)
 
 
-def one_row(kind, w, x16, dx, xs, out, r0, r1):
-    """l_rows for one activation row: `_l_dealt` where dealt(kind), else `_l_one` (jitted code
-    only: the overload below)."""
-    raise TypeError("one_row runs in jitted code only")
+def rows_of(kind, w, x16, dx, xs, out, r0, r1):
+    """l_rows' loops for the kind and x16's rows: one row through `_l_one`, a few through
+    `_l_few`, or `_l_dealt` and `_l_few_dealt` where dealt(kind) (jitted code only: the overload
+    below)."""
+    raise TypeError("rows_of runs in jitted code only")
 
 
-@overload(one_row, prefer_literal=True, jit_options=dict(fastmath=FAST))
-def _one_row(kind, w, x16, dx, xs, out, r0, r1):
-    """Chosen while typing where the kind is a literal, so that only the kernel taken compiles."""
+@overload(rows_of, prefer_literal=True, jit_options=dict(fastmath=FAST))
+def _rows_of(kind, w, x16, dx, xs, out, r0, r1):
+    """Chosen while typing where the kind is a literal, so that only the loops taken compile."""
     if isinstance(kind, types.IntegerLiteral):
-        kernel = _l_dealt if dealt(kind.literal_value) else _l_one
+        one, few = (_l_dealt, _l_few_dealt) if dealt(kind.literal_value) else (_l_one, _l_few)
 
         def one_kind(kind, w, x16, dx, xs, out, r0, r1):
-            kernel(kind, w, x16, dx, xs, out, r0, r1)
+            if x16.shape[0] == 1:
+                one(kind, w, x16, dx, xs, out, r0, r1)
+            else:
+                few(kind, w, x16, dx, xs, out, r0, r1)
         return one_kind
 
     def any_kind(kind, w, x16, dx, xs, out, r0, r1):
-        if dealt(kind):
+        if dealt(kind) and x16.shape[0] == 1:
             _l_dealt(kind, w, x16, dx, xs, out, r0, r1)
-        else:
+        elif dealt(kind):
+            _l_few_dealt(kind, w, x16, dx, xs, out, r0, r1)
+        elif x16.shape[0] == 1:
             _l_one(kind, w, x16, dx, xs, out, r0, r1)
+        else:
+            _l_few(kind, w, x16, dx, xs, out, r0, r1)
     return any_kind
 
 
@@ -288,12 +294,36 @@ def dealt_offset(kind):
 
 
 @inline
+def dealt_weights(kind, f, o):
+    """The 4-bit block at byte o as 32 int16 lanes in ilanes.DEALT's order (q + dealt_offset)."""
+    if kind == MXFP4:
+        return zwfp4_dealt(f, o + 1)
+    return zwnib_dealt(f, o + 2 if kind == Q4_0 else o + 4)
+
+
+@inline
 def dealt_block(kind, f, o, x):
     """The 16 int32 lanes of q . qx for the 4-bit block at byte o, against 32 activations x in
     ilanes.DEALT's order."""
-    if kind == MXFP4:
-        return maddwd(zwfp4_dealt(f, o + 1), x)
-    return maddwd(zwnib_dealt(f, o + 2 if kind == Q4_0 else o + 4), x)
+    return maddwd(dealt_weights(kind, f, o), x)
+
+
+@jit
+def deal(kind, x16):
+    """x16's rows in ilanes.DEALT's order, and what each block's integer sum carries beyond
+    q . qx (dealt_offset times the block's sum of qx), negated: (dealt rows, [rows, blocks])."""
+    B, n = x16.shape
+    xd = np.empty((B, n), np.int16)
+    less = np.empty((B, n // 32), np.int32)
+    off = dealt_offset(kind)
+    for a in range(B):
+        for g in range(n // 32):
+            hdeal(x16[a], 32 * g, xd[a], 32 * g)
+            total = 0
+            for i in range(32 * g, 32 * g + 32):
+                total += np.int32(x16[a, i])
+            less[a, g] = -off * total
+    return xd, less
 
 
 @jit
@@ -303,19 +333,11 @@ def _l_dealt(kind, w, x16, dx, xs, out, r0, r1):
     integer sum comes out as _l_one's, exactly, less dealt_offset(kind) times that sum."""
     f = w.reshape(-1)
     rb = w.shape[1]
-    n = x16.shape[1]
-    blocks = n // 32
+    blocks = x16.shape[1] // 32
     bb = rb // blocks
     last = r1 - 1
-    xd = np.empty(n, np.int16)
-    less = np.empty(blocks, np.int32)
-    off = dealt_offset(kind)
-    for g in range(blocks):
-        hdeal(x16[0], 32 * g, xd, 32 * g)
-        total = 0
-        for i in range(32 * g, 32 * g + 32):
-            total += np.int32(x16[0, i])
-        less[g] = -off * total
+    xd, less = deal(kind, x16)
+    xd = xd.reshape(-1)
     lanes = np.empty(8, np.float32)
     r = r0
     while r < r1:
@@ -330,8 +352,8 @@ def _l_dealt(kind, w, x16, dx, xs, out, r0, r1):
                            dealt_block(kind, f, o2 + b, x), dealt_block(kind, f, o3 + b, x),
                            dealt_block(kind, f, o4 + b, x), dealt_block(kind, f, o5 + b, x),
                            dealt_block(kind, f, o6 + b, x), dealt_block(kind, f, o7 + b, x))
-            if off != 0:
-                sums = iadd(sums, isplat8(less[g]))
+            if dealt_offset(kind) != 0:
+                sums = iadd(sums, isplat8(less[0, g]))
             d, m = scales(kind, f, o0 + b, o1 + b, o2 + b, o3 + b, o4 + b, o5 + b, o6 + b, o7 + b)
             acc = fma8(ifloat(sums), fmul8(d, fsplat8(dx[0, g])), acc)
             if offset(kind):
@@ -339,6 +361,49 @@ def _l_dealt(kind, w, x16, dx, xs, out, r0, r1):
         fstore8(lanes, 0, acc)
         for i in range(min(8, r1 - r)):
             out[0, r + i] = lanes[i]
+        r += 8
+
+
+@jit
+def _l_few_dealt(kind, w, x16, dx, xs, out, r0, r1):
+    """_l_few for Q4_0, Q4_1 and MXFP4 as _l_dealt takes one row: each block of the eight weight
+    rows widened once (one register each) for all the activation rows, dealt once a call."""
+    f = w.reshape(-1)
+    rb = w.shape[1]
+    B, n = x16.shape
+    blocks = n // 32
+    bb = rb // blocks
+    last = r1 - 1
+    xd, less = deal(kind, x16)
+    xd = xd.reshape(-1)
+    lanes = np.empty(8 * B, np.float32)
+    r = r0
+    while r < r1:
+        o0, o1, o2, o3, o4, o5, o6, o7 = pass_rows(r, last, rb)
+        ahead = (r + 8) * rb
+        for i in range(8 * B):
+            lanes[i] = 0.0
+        for g in range(blocks):
+            b = bb * g
+            prefetch_block(f, ahead, b, bb)
+            w0, w1, w2, w3 = (dealt_weights(kind, f, o0 + b), dealt_weights(kind, f, o1 + b),
+                              dealt_weights(kind, f, o2 + b), dealt_weights(kind, f, o3 + b))
+            w4, w5, w6, w7 = (dealt_weights(kind, f, o4 + b), dealt_weights(kind, f, o5 + b),
+                              dealt_weights(kind, f, o6 + b), dealt_weights(kind, f, o7 + b))
+            d, m = scales(kind, f, o0 + b, o1 + b, o2 + b, o3 + b, o4 + b, o5 + b, o6 + b, o7 + b)
+            for a in range(B):
+                x = zhload(xd, a * n + 32 * g)
+                sums = zisums8(maddwd(w0, x), maddwd(w1, x), maddwd(w2, x), maddwd(w3, x),
+                               maddwd(w4, x), maddwd(w5, x), maddwd(w6, x), maddwd(w7, x))
+                if dealt_offset(kind) != 0:
+                    sums = iadd(sums, isplat8(less[a, g]))
+                acc = fma8(ifloat(sums), fmul8(d, fsplat8(dx[a, g])), fload8(lanes, 8 * a))
+                if offset(kind):
+                    acc = fma8(m, fsplat8(xs[a, g]), acc)
+                fstore8(lanes, 8 * a, acc)
+        for a in range(B):
+            for i in range(min(8, r1 - r)):
+                out[a, r + i] = lanes[8 * a + i]
         r += 8
 
 
