@@ -3,11 +3,12 @@ expert's for its one token) through the backends' own entry, on one thread and o
 
     python bench/one_row.py                          # MXFP4, Q4_0, Q4_1, Q8_0
     python bench/one_row.py -t MXFP4 -r 200 --rows 40000
+    python bench/one_row.py -B 2,4,8                 # a few activation rows (l_rows' few-row loops)
     PYTHONPATH=/path/to/other/tree python bench/one_row.py   # a before/after, one sitting each
 
 Random blocks (tests/qblocks.py), [rows, 2880] (gpt-oss-20b's width): 2880 rows (4.9 MB of
-MXFP4: in L3 here) and --rows more (from DRAM). Medians of -r calls, in Gw/s (weights
-multiplied a second) and GB/s (the weight's bytes read a second).
+MXFP4: in L3 here) and --rows more (from DRAM). Medians of -r calls, in Gw/s (weights times
+activation rows multiplied a second) and GB/s (the weight's bytes read a second).
 """
 
 from __future__ import annotations
@@ -45,20 +46,23 @@ def main() -> None:
     p.add_argument("--cols", type=int, default=2880)
     p.add_argument("--rows", type=int, default=40000, help="the shape read from DRAM")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("-B", "--batch", default="1", help="activation rows, comma-separated (up to 8: l_rows)")
     args = p.parse_args()
-    x = np.random.default_rng(0).standard_normal((1, args.cols)).astype(np.float32)
-    print("| type | rows | threads | ms | Gw/s | GB/s |\n| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| type | rows | activation rows | threads | ms | Gw/s | GB/s |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.types.split(","):
         kind = int(WeightKind[name])
         for rows in (args.cols, args.rows):
             w = random_blocks(name, rows, args.cols, extremes=False).data
-            out = np.empty((1, rows), np.float32)
-            for threads in (1, args.threads):
-                entry = qkernels._path_entry(qkernels.LEGACY_ROW, kind, threads > 1)
-                call = (lambda: entry(w, x, out, threads)) if threads > 1 else (lambda: entry(w, x, out))
-                t = timed(call, args.repeats)
-                print(f"| {name} | {rows} | {threads} | {t * 1e3:.3f} | {rows * args.cols / t / 1e9:.1f} "
-                      f"| {w.nbytes / t / 1e9:.1f} |", flush=True)
+            for B in map(int, args.batch.split(",")):
+                x = np.random.default_rng(0).standard_normal((B, args.cols)).astype(np.float32)
+                out = np.empty((B, rows), np.float32)
+                for threads in (1, args.threads):
+                    entry = qkernels._path_entry(qkernels.LEGACY_ROW, kind, threads > 1)
+                    call = (lambda: entry(w, x, out, threads)) if threads > 1 else (lambda: entry(w, x, out))
+                    t = timed(call, args.repeats)
+                    print(f"| {name} | {rows} | {B} | {threads} | {t * 1e3:.3f} | {B * rows * args.cols / t / 1e9:.1f} "
+                          f"| {w.nbytes / t / 1e9:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
