@@ -403,7 +403,8 @@ class Response:
                 message, finish = {"role": "assistant", "content": text}, merged.finish_reason
                 if self.tool_format is not None:  # the reply as content and calls, as streamed
                     reasoning, content, calls = parse_reply(self.tool_format, text)
-                    reasoning_tokens += ReasoningTokens.of(self.tool_format, evs)
+                    if reasoning:  # (parsed again by event: which tokens came before the answer)
+                        reasoning_tokens += ReasoningTokens.of(self.tool_format, evs)
                     message = {"role": "assistant", "content": content or (None if calls else "")}
                     if reasoning:
                         message["reasoning_content"] = reasoning
