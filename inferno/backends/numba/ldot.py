@@ -243,14 +243,15 @@ def _l_one(kind, w, x16, dx, xs, out, r0, r1):
         r += 8
 
 
-# Where 512-bit int16 products exist (AVX-512 BW): one row of a 4-bit kind through `_l_dealt`.
+# Where 512-bit int16 products exist (AVX-512 BW): the 4-bit kinds through `_l_dealt` and
+# `_l_few_dealt`.
 DEALT_ROWS = "avx512bw" in target_features()
 
 
 @register_jitable
 def dealt(kind):
-    """Whether one row of the kind goes through `_l_dealt`: the 4-bit kinds whose nibbles fill
-    whole bytes, on AVX-512."""
+    """Whether the kind's rows go through `_l_dealt` and `_l_few_dealt`: the 4-bit kinds whose
+    nibbles fill whole bytes, on AVX-512."""
     return DEALT_ROWS and (kind == Q4_0 or kind == Q4_1 or kind == MXFP4)
 
 
@@ -311,7 +312,8 @@ def dealt_block(kind, f, o, x):
 @jit
 def deal(kind, x16):
     """x16's rows in ilanes.DEALT's order, and what each block's integer sum carries beyond
-    q . qx (dealt_offset times the block's sum of qx), negated: (dealt rows, [rows, blocks])."""
+    q . qx (dealt_offset times the block's sum of qx), negated: (dealt rows, [rows, blocks]; not
+    written for Q4_1, whose offset is 0 and whose kernels do not read it)."""
     B, n = x16.shape
     xd = np.empty((B, n), np.int16)
     less = np.empty((B, n // 32), np.int32)
@@ -319,10 +321,11 @@ def deal(kind, x16):
     for a in range(B):
         for g in range(n // 32):
             hdeal(x16[a], 32 * g, xd[a], 32 * g)
-            total = 0
-            for i in range(32 * g, 32 * g + 32):
-                total += np.int32(x16[a, i])
-            less[a, g] = -off * total
+            if off != 0:
+                total = 0
+                for i in range(32 * g, 32 * g + 32):
+                    total += np.int32(x16[a, i])
+                less[a, g] = -off * total
     return xd, less
 
 
