@@ -27,6 +27,8 @@ from qblocks import random_blocks  # noqa: E402
 
 from inferno.backends.numba import qkernels  # noqa: E402
 from inferno.backends.numba.codes import WeightKind  # noqa: E402
+from inferno.backends.numba.dispatch import LEGACY_FEW  # noqa: E402
+from inferno.backends.numba.ldot import LEGACY_KINDS  # noqa: E402
 
 
 def timed(call, repeats: int) -> float:
@@ -48,6 +50,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("-B", "--batch", default="1", help="activation rows, comma-separated (up to 8: l_rows)")
     args = p.parse_args()
+    legacy = sorted(k.name for k in LEGACY_KINDS)
+    unknown = [t for t in args.types.split(",") if t not in legacy]
+    if unknown:
+        p.error(f"-t {unknown[0]!r}: not a legacy kind l_rows takes; one of {', '.join(legacy)}")
+    if any(not 1 <= int(b) <= LEGACY_FEW for b in args.batch.split(",")):
+        p.error(f"-B {args.batch!r}: l_rows takes 1 to {LEGACY_FEW} activation rows (more go through lgemm)")
     print("| type | rows | activation rows | threads | ms | Gw/s | GB/s |\n"
           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.types.split(","):
