@@ -1,13 +1,14 @@
 """The legacy kinds' one-row matvec (ldot.l_rows for one activation row: a decode step's, an
 expert's for its one token) through the backends' own entry, on one thread and on the team:
 
-    python bench/one_row.py                          # MXFP4, Q4_0, Q4_1, Q8_0
+    python bench/one_row.py                          # MXFP4, MXFP4X16, Q4_0, Q4_1, Q8_0
     python bench/one_row.py -t MXFP4 -r 200 --rows 40000
     python bench/one_row.py -B 2,4,8                 # a few activation rows (l_rows' few-row loops)
     PYTHONPATH=/path/to/other/tree python bench/one_row.py   # a before/after, one sitting each
 
 Random blocks (tests/qblocks.py), [rows, 2880] (gpt-oss-20b's width): 2880 rows (4.9 MB of
-MXFP4: in L3 here) and --rows more (from DRAM). Medians of -r calls, in Gw/s (weights times
+MXFP4: in L3 here) and --rows more (from DRAM). MXFP4X16 is the same MXFP4 blocks repacked into
+panels of sixteen rows (mxpanels.py), as the backends keep a mixture's experts. Medians of -r calls, in Gw/s (weights times
 activation rows multiplied a second) and GB/s (the weight's bytes read a second).
 """
 
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from qblocks import random_blocks  # noqa: E402
 
-from inferno.backends.numba import qkernels  # noqa: E402
+from inferno.backends.numba import mxpanels, qkernels  # noqa: E402
 from inferno.backends.numba.codes import WeightKind  # noqa: E402
 from inferno.backends.numba.dispatch import LEGACY_FEW  # noqa: E402
 from inferno.backends.numba.ldot import LEGACY_KINDS  # noqa: E402
@@ -43,7 +44,7 @@ def timed(call, repeats: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("-t", "--types", default="MXFP4,Q4_0,Q4_1,Q8_0")
+    p.add_argument("-t", "--types", default="MXFP4,MXFP4X16,Q4_0,Q4_1,Q8_0")
     p.add_argument("-r", "--repeats", type=int, default=100)
     p.add_argument("--cols", type=int, default=2880)
     p.add_argument("--rows", type=int, default=40000, help="the shape read from DRAM")
@@ -61,7 +62,8 @@ def main() -> None:
     for name in args.types.split(","):
         kind = int(WeightKind[name])
         for rows in (args.cols, args.rows):
-            w = random_blocks(name, rows, args.cols, extremes=False).data
+            w = random_blocks(name.replace("X16", ""), rows, args.cols, extremes=False)
+            w = (mxpanels.repack(w) if name == "MXFP4X16" else w).data
             for B in map(int, args.batch.split(",")):
                 x = np.random.default_rng(0).standard_normal((B, args.cols)).astype(np.float32)
                 out = np.empty((B, rows), np.float32)

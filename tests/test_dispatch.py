@@ -12,7 +12,7 @@ import numba as nb
 import numpy as np
 import pytest
 
-from inferno.backends.numba import dispatch, fdot, kpanels, ldot, lgemm, qdot, qgemm
+from inferno.backends.numba import dispatch, fdot, kpanels, ldot, lgemm, mxpanels, qdot, qgemm
 from inferno.backends.numba.dispatch import FEW_MAX, GEMM_MIN, GEMM_MIN_COLS, LEGACY_FEW
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.simd import SimdBackend
@@ -34,6 +34,9 @@ TABLE = [
     ("MXFP4", LEGACY_FEW + 1, WIDE, 2, True, "lgemm.l_gemm"),
     ("MXFP4", 1, WIDE, 1, False, "qkernels.matvec_rows"),  # no int8 rows: float32 unless int16
     ("MXFP4", 512, WIDE, 0, False, "qkernels.prefill_rows"),
+    ("MXFP4X16", 1, WIDE, 1, True, "ldot.l_rows"),  # in panels: l_rows' share is mxpanels.m_rows
+    ("MXFP4X16", LEGACY_FEW, WIDE, 1, True, "ldot.l_rows"),
+    ("MXFP4X16", LEGACY_FEW + 1, WIDE, 1, True, "lgemm.l_gemm"),
     ("Q4_K", 1, WIDE, 1, False, "qdot.k_rows"),
     ("Q6_K", 1, WIDE, 2, True, "qdot.k_rows"),  # the legacy flag is the legacy kinds' only
     ("Q5_K", 2, WIDE, 1, False, "qdot.k_few"),
@@ -127,19 +130,21 @@ def _direct(name, w, x, two):
     return out
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "MXFP4", "Q4_K", "Q6_K", "Q4_KX8", "BF16", "F32"])
+@pytest.mark.parametrize("kind", ["Q4_1", "MXFP4", "MXFP4X16", "Q4_K", "Q6_K", "Q4_KX8", "BF16", "F32"])
 def test_the_backend_takes_the_tables_kernel(kind):
     """simd.linear's result for 1, a few and many rows equals, bit for bit, the kernel the table
     names for that product, called directly."""
     ops = SimdBackend()
-    if kind not in ("BF16", "F32") and (not ops.int8_activations or (kind in ("Q4_1", "MXFP4") and not ops._legacy)):
+    if kind not in ("BF16", "F32") and (not ops.int8_activations or (kind in ("Q4_1", "MXFP4", "MXFP4X16") and not ops._legacy)):
         pytest.skip("this CPU takes these kinds' activations in float32")
     if kind == "F32":
         w = ops.weight(np.random.default_rng(5).standard_normal((48, WIDE)).astype(np.float32))
     else:
-        w = random_blocks(kind.replace("X8", ""), 48, WIDE, seed=5)
+        w = random_blocks(kind.replace("X8", "").replace("X16", ""), 48, WIDE, seed=5)
     if kind == "Q4_KX8":
         w = kpanels.repack(w)
+    if kind == "MXFP4X16":
+        w = mxpanels.repack(w)
     rng = np.random.default_rng(0)
     for rows in (1, 2, LEGACY_FEW + 1, GEMM_MIN, 40):
         x = rng.standard_normal((rows, WIDE)).astype(np.float32)

@@ -12,12 +12,12 @@ import pytest
 
 import inferno
 from inferno.backends import create_backend
-from inferno.backends.numba import kpanels
+from inferno.backends.numba import kpanels, mxpanels
 from inferno.model.decoder import Segment
 from inferno.loading.resolve import resolve
 from tests.qblocks import random_blocks
 
-LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "MXFP4X16"]
 K_QUANTS = ["Q4_K", "Q5_K", "Q6_K", "Q4_KX8"]
 
 
@@ -29,21 +29,29 @@ def _legacy_backends():
     return simd, pool
 
 
+def _legacy_weight(kind, rows, cols, seed):
+    """Random blocks of a legacy kind; MXFP4X16: MXFP4 in panels (mxpanels.py), rows rounded up
+    to whole panels."""
+    if kind == "MXFP4X16":
+        return mxpanels.repack(random_blocks("MXFP4", rows + -rows % mxpanels.P, cols, seed=seed))
+    return random_blocks(kind, rows, cols, seed=seed)
+
+
 @pytest.mark.parametrize("kind", LEGACY)
 def test_a_rows_product_does_not_depend_on_its_company(kind):
     """linear on B rows equals, bit for bit, each row alone, for every path a row count takes
     (one row, a few, lgemm's GEMM), on one thread and on two; rows of a weight not a multiple of
-    eight or of lgemm's passes included."""
+    eight or of lgemm's passes included (of sixteen and thirty-two for MXFP4 in panels)."""
     simd, pool = _legacy_backends()
     rng = np.random.default_rng(1)
     for rows, cols in ((203, 96), (64, 256)):
-        w = random_blocks(kind, rows, cols, seed=rows)
+        w = _legacy_weight(kind, rows, cols, seed=rows)
         x = (rng.standard_normal((40, cols)) * rng.choice([0.01, 1, 30], (40, 1))).astype(np.float32)
         alone = np.concatenate([simd.linear(x[i:i + 1], w) for i in range(40)])
         for ops in (simd, pool):
             for b in (1, 2, 3, 4, 9, 17, 40):
                 np.testing.assert_array_equal(ops.linear(x[:b], w), alone[:b], err_msg=f"{ops.name}, {b} rows")
-        wide = [random_blocks(kind, 96, cols, seed=7), w]
+        wide = [_legacy_weight(kind, 96, cols, seed=7), w]
         for b in (1, 3, 5, 40):  # q/k/v and gate/up: one launch, or the rows rounded once
             for got, one in zip(pool.linear_many(x[:b], wide), (simd.linear(x[:b], v) for v in wide)):
                 np.testing.assert_array_equal(got, one)

@@ -171,3 +171,29 @@ def test_a_gguf_whose_experts_contradict_its_metadata(qwen3moe_dir, tmp_path, ed
     path = gguf_with(qwen3moe_dir, tmp_path / "bad.gguf", edit)
     with pytest.raises(InfernoError, match=message):
         inferno.load(str(path), backend="cpu")
+
+
+@pytest.mark.parametrize("backend", ["simd", "pool"])
+def test_mxfp4_experts_in_panels_give_the_files_bits(backend):
+    """MXFP4 experts repacked into panels at load (experts_weight: mxpanels.py) multiply to the
+    same bits as the file's rows, for a decode step's one token, a few and a prefill's many
+    (every expert's group through m_rows or lgemm's GEMM), on one thread and on the pool's."""
+    from inferno.backends import create_backend
+    from inferno.backends.numba import mxpanels
+    from tests.qblocks import random_blocks
+
+    ops = create_backend(backend, **({"threads": 2} if backend == "pool" else {}))
+    if not ops._legacy:
+        pytest.skip("this CPU takes the legacy kinds' activations in float32: no panels")
+    n, hidden, inter = 8, 128, 64
+    stack = [random_blocks("MXFP4", n * inter, hidden, seed=1, extremes=False),
+             random_blocks("MXFP4", n * inter, hidden, seed=2, extremes=False),
+             random_blocks("MXFP4", n * hidden, inter, seed=3, extremes=False)]
+    panels = [mxpanels.repack(w) for w in stack]
+    rng = np.random.default_rng(0)
+    router = ops.weight(rng.standard_normal((n, hidden), dtype=np.float32))
+    for rows in (1, 3, 40):
+        x = rng.standard_normal((rows, hidden), dtype=np.float32)
+        np.testing.assert_array_equal(ops.moe(x, router, panels, 2, True), ops.moe(x, router, stack, 2, True),
+                                      err_msg=f"{rows} rows")
+    ops.close()

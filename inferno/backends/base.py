@@ -123,6 +123,12 @@ class Backend:
         products alone. Here: weight(w)."""
         return self.weight(w)
 
+    def experts_weight(self, w, n_expert: int):
+        """A mixture's stacked matrix of one kind (`[n_expert * out, in]`, expert e's rows
+        e * out .. (e + 1) * out) that only `moe` will multiply: weight(w), or a form made for
+        this backend's expert products alone. Here: weight(w)."""
+        return self.weight(w)
+
     def weight_nbytes(self, w) -> int:
         """Bytes of `w` (as weight() returned it) that one decode step reads."""
         return w.nbytes

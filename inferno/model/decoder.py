@@ -102,7 +102,7 @@ class Layer:
 
         def stack(name, outliers=False):  # an expert's matrices stacked: as ops.moe takes them
             t = tensors.pop(p + name)
-            return ops.weight(heavy_tailed_inputs(t) if outliers else t)
+            return ops.experts_weight(heavy_tailed_inputs(t) if outliers else t, cfg.experts.count)
 
         self.window = cfg.window(i)  # keys in the sliding window; 0: global attention
         self.attn_norm = norm("input_layernorm.weight")  # [hidden]

@@ -5,7 +5,8 @@ pool.py), with their kernels grouped by concern:
   table), float weights in one order (fdot.py), the drivers and the quantized kinds' float32
   kernels (qkernels.py), the K-quants' int8 rows and GEMM
   panels (qdot.py, qgemm.py), Q4_K stored as panels (kpanels.py), the legacy kinds' int16 rows
-  and GEMM (ldot.py, lgemm.py); a step's experts (experts.py);
+  and GEMM (ldot.py, lgemm.py), MXFP4 experts stored as panels (mxpanels.py); a step's experts
+  (experts.py);
 - the weight and cache kinds as the kernels branch on them (codes.py), vector lanes (lanes.py,
   ilanes.py);
 - the runtime they sit on: BLAS (blas.py), the kernel cache (jitcache.py), the free cores

@@ -54,6 +54,7 @@ class WeightKind(Code):
     Q4_KX8 = 10  # Q4_K repacked into panels of eight rows (kpanels.py)
     F32 = 11  # a float32 matrix, not a QuantTensor (fdot.py reads it as bytes, as F16's)
     MXFP4 = 12  # read as a legacy kind (ldot.py): Q4_0's nibbles, a table, a power-of-two scale
+    MXFP4X16 = 13  # MXFP4 repacked into panels of sixteen rows (mxpanels.py)
 
     @classmethod
     def of(cls, w: QuantTensor) -> WeightKind:

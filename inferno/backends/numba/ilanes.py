@@ -560,22 +560,31 @@ _DEALT_SHIFTS = (0,) * 8 + (8,) * 8 + (4,) * 8 + (12,) * 8
 MXFP4_PLUS12 = tuple(v + 12 for v in MXFP4_VALUES)
 
 
+def _word_lookup(builder, n, table):
+    """table[n] for 32 int16 lanes n (0..15), zero-extended from its byte (table: 16 bytes,
+    0..255): one pshufb on AVX-512 BW (each index's high byte has bit 7 set, which pshufb writes
+    0), two on AVX2, elsewhere a select per entry (correct, not fast)."""
+    if "avx512bw" in target_features() or "avx2" in target_features():
+        idx = builder.bitcast(builder.or_(n, _const(_ZW, 0x8000)), _ZB)
+        if "avx512bw" in target_features():
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_ZB, [_ZB, _ZB]), "llvm.x86.avx512.pshuf.b.512")
+            return builder.bitcast(builder.call(fn, [ir.Constant(_ZB, list(table) * 4), idx]), _ZW)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_B, [_B, _B]), "llvm.x86.avx2.pshuf.b")
+        lo, hi = _halves(builder, idx)
+        t = ir.Constant(_B, list(table) * 2)
+        return builder.bitcast(_join(builder, builder.call(fn, [t, lo]), builder.call(fn, [t, hi])), _ZW)
+    out = _const(_ZW, 0)
+    for q, v in enumerate(table):
+        out = builder.select(builder.icmp_unsigned("==", n, _const(_ZW, q)), _const(_ZW, v), out)
+    return out
+
+
 def _dealt_codegen(fp4: bool):
     def codegen(context, builder, sig, args):
         b = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I8, 16), align=1)
         words = builder.bitcast(builder.shuffle_vector(b, b, ir.Constant(ir.VectorType(_I32, 64), list(range(16)) * 4)), _ZW)
         n = builder.and_(builder.lshr(words, ir.Constant(_ZW, list(_DEALT_SHIFTS))), _const(_ZW, 15))
-        if not fp4:
-            return n
-        if "avx512bw" in target_features():
-            # the high byte of each word's index has bit 7 set: pshufb writes it 0
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_ZB, [_ZB, _ZB]), "llvm.x86.avx512.pshuf.b.512")
-            table = ir.Constant(_ZB, list(MXFP4_PLUS12) * 4)
-            return builder.bitcast(builder.call(fn, [table, builder.bitcast(builder.or_(n, _const(_ZW, 0x8000)), _ZB)]), _ZW)
-        out = _const(_ZW, 0)
-        for q, v in enumerate(MXFP4_PLUS12):
-            out = builder.select(builder.icmp_unsigned("==", n, _const(_ZW, q)), _const(_ZW, v), out)
-        return out
+        return _word_lookup(builder, n, MXFP4_PLUS12) if fp4 else n
     return codegen
 
 
@@ -601,6 +610,104 @@ def hdeal(typingctx, src, so, dst, do):
         builder.store(v, _address(context, builder, sig.args[2], args[2], args[3], _I16, 32), align=2)
         return context.get_dummy_value()
     return types.void(src, types.intp, dst, types.intp), codegen
+
+
+# -- MXFP4 in panels of sixteen rows (mxpanels.py) -----------------------------------------------------
+def _panel_codegen(s: int, signed: bool):
+    def codegen(context, builder, sig, args):
+        words = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I16, 32), align=1)
+        n = builder.lshr(words, _const(_ZW, 4 * s)) if s else words
+        if s != 3:
+            n = builder.and_(n, _const(_ZW, 15))
+        if not signed:
+            return _word_lookup(builder, n, MXFP4_PLUS12)
+        # the values' bytes as unsigned (-12 is 244), then each lane's low byte sign-extended
+        v = _word_lookup(builder, n, [v & 255 for v in MXFP4_VALUES])
+        return builder.sext(builder.trunc(v, ir.VectorType(_I8, 32)), _ZW)
+    return codegen
+
+
+@intrinsic
+def zwfp4_step(typingctx, f, o, s):
+    """Step s (a literal, 0..3) of the 64 bytes f[o:o + 64] of a panel (mxpanels.py): nibble s of
+    each of its 32 little-endian words, as MXFP4_PLUS12's values (0..24) in int16 lanes."""
+    if not isinstance(s, types.IntegerLiteral):
+        return None
+    return i16x32(f, types.intp, s), _panel_codegen(s.literal_value, signed=False)
+
+
+@intrinsic
+def zwfp4_step_signed(typingctx, f, o, s):
+    """zwfp4_step as the values themselves (MXFP4_VALUES, -12..12): lgemm's panels."""
+    if not isinstance(s, types.IntegerLiteral):
+        return None
+    return i16x32(f, types.intp, s), _panel_codegen(s.literal_value, signed=True)
+
+
+@intrinsic
+def e8m0vec16(typingctx, f, o):
+    """The sixteen MXFP4 scales whose E8M0 bytes are f[o:o + 16], as float32 lanes (lanes.e8m0_bits)."""
+    def codegen(context, builder, sig, args):
+        b = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I8, 16), align=1)
+        return builder.bitcast(e8m0_bits(builder, builder.zext(b, _Z)), _VF)
+    return f32x16(f, types.intp), codegen
+
+
+@intrinsic
+def zisplat(typingctx, x):
+    """The integer x in all 16 int32 lanes."""
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), _Z)
+    return i32x16(x), codegen
+
+
+@intrinsic
+def u64at(typingctx, f, o):
+    """The little-endian 8 bytes f[o:o + 8] of a byte array as one uint64 (no alignment)."""
+    def codegen(context, builder, sig, args):
+        return builder.load(_address(context, builder, sig.args[0], args[0], args[1], ir.IntType(64), 1), align=1)
+    return types.uint64(f, types.intp), codegen
+
+
+def mask_runs(mask: int) -> list[tuple[int, int, int]]:
+    """The runs of ones in a 64-bit mask as (first bit, length, where pext puts them): pext
+    without BMI2 is a shift and a mask a run."""
+    runs, bit, at = [], 0, 0
+    while bit < 64:
+        if not (mask >> bit) & 1:
+            bit += 1
+            continue
+        end = bit
+        while end < 64 and (mask >> end) & 1:
+            end += 1
+        runs.append((bit, end - bit, at))
+        at += end - bit
+        bit = end
+    return runs
+
+
+@intrinsic
+def pext(typingctx, x, mask):
+    """The bits of x where `mask` (an integer literal) has ones, packed into the low bits: BMI2's
+    pext where the machine has it, elsewhere a shift and a mask for each run of ones (mask_runs)."""
+    if not isinstance(mask, types.IntegerLiteral):
+        return None
+    m = mask.literal_value & (2 ** 64 - 1)
+
+    def codegen(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        v = context.cast(builder, args[0], sig.args[0], types.uint64)
+        if "bmi2" in target_features():
+            return _x86(builder, "llvm.x86.bmi.pext.64", i64, [v, ir.Constant(i64, m)])
+        out = ir.Constant(i64, 0)
+        for bit, length, at in mask_runs(m):
+            part = builder.and_(builder.lshr(v, ir.Constant(i64, bit)), ir.Constant(i64, (1 << length) - 1))
+            out = builder.or_(out, builder.shl(part, ir.Constant(i64, at)))
+        return out
+    return types.uint64(x, mask), codegen
+
+
+zhstore = _vector_store("zhstore", i16x32, _I16, 32, 1, "f[o:o + 32] = the 32 int16 v (f any array: o in its elements).")
 
 
 @intrinsic

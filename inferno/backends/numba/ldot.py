@@ -31,7 +31,8 @@ grouped into steps, on any number of threads (tests/test_invariance.py).
 Q4_0, Q4_1 and MXFP4 on AVX-512 take `_l_dealt` (one row) and `_l_few_dealt`: the same integer
 block sums, the weights widened in a 512-bit register without a shuffle (ilanes.DEALT), where
 an expert's MXFP4 rows were bound by the widening, not by DRAM (bench/RESULTS.md, "The one-row
-matvec").
+matvec"). A mixture's MXFP4 experts kept in panels of sixteen rows (MXFP4X16, mxpanels.py) go to
+mxpanels.m_rows, which gives the file's rows' bits without reducing a block's lanes at all.
 
 On AVX-512 machines with VNNI the decode here ran within noise of the float32 kernels (SmolLM2's
 Q8_0, Q4_1, Q5_0 and Q4_K_M files, Gemma 3: 0.94-1.11x, bench/RESULTS.md), so the backends turn
@@ -53,11 +54,12 @@ from inferno.backends.numba.ilanes import (
     zisums8, zwfp4_dealt, zwnib_dealt,
 )
 from inferno.backends.numba.lanes import e8m0at, f16at, prefetch, vload, vmul, vsplat, vsum
+from inferno.backends.numba.mxpanels import MXFP4X16, m_rows
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 
-LEGACY_KINDS = frozenset(WeightKind[k] for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"))
+LEGACY_KINDS = frozenset(WeightKind[k] for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "MXFP4X16"))
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4 = (int(WeightKind[k]) for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"))
 QMAX = np.float32(32767.0)
 
@@ -73,7 +75,7 @@ def eight_lane_floats() -> bool:
 def legacy(kind):
     """Whether kind is one of this module's (plain Python where Python calls it, compiled into
     the jitted callers)."""
-    return (kind >= Q8_0 and kind <= Q5_1) or kind == MXFP4
+    return (kind >= Q8_0 and kind <= Q5_1) or kind == MXFP4 or kind == MXFP4X16
 
 
 # -- the activations ----------------------------------------------------------------------------------
@@ -265,6 +267,8 @@ def rows_of(kind, w, x16, dx, xs, out, r0, r1):
 @overload(rows_of, prefer_literal=True, jit_options=dict(fastmath=FAST))
 def _rows_of(kind, w, x16, dx, xs, out, r0, r1):
     """Chosen while typing where the kind is a literal, so that only the loops taken compile."""
+    if isinstance(kind, types.IntegerLiteral) and kind.literal_value == MXFP4X16:
+        return lambda kind, w, x16, dx, xs, out, r0, r1: m_rows(w, x16, dx, out, r0, r1)
     if isinstance(kind, types.IntegerLiteral):
         one, few = (_l_dealt, _l_few_dealt) if dealt(kind.literal_value) else (_l_one, _l_few)
 
@@ -276,7 +280,9 @@ def _rows_of(kind, w, x16, dx, xs, out, r0, r1):
         return one_kind
 
     def any_kind(kind, w, x16, dx, xs, out, r0, r1):
-        if dealt(kind) and x16.shape[0] == 1:
+        if kind == MXFP4X16:
+            m_rows(w, x16, dx, out, r0, r1)
+        elif dealt(kind) and x16.shape[0] == 1:
             _l_dealt(kind, w, x16, dx, xs, out, r0, r1)
         elif dealt(kind):
             _l_few_dealt(kind, w, x16, dx, xs, out, r0, r1)

@@ -19,7 +19,7 @@ import functools
 
 import numpy as np
 
-from inferno.backends.numba import blas, dispatch, jitcache, kpanels
+from inferno.backends.numba import blas, dispatch, jitcache, kpanels, mxpanels
 from inferno.formats import cache_types
 from inferno.backends.numba import attention as A
 from inferno.backends.numba import dense as K
@@ -128,6 +128,9 @@ class SimdBackend(Backend):
         # Q4_K linear weights repacked into panels of eight rows at load (linear_weight), on the
         # CPUs where decode measured faster so (kpanels.pays_on).
         self.q4k_panels = kpanels.PAYS
+        # MXFP4 experts repacked into panels of sixteen rows at load (experts_weight), on the
+        # CPUs where the table lookup is one 512-bit instruction (mxpanels.PAYS).
+        self.mxfp4_panels = mxpanels.PAYS
         blas.limit_to_one_thread()  # sgemm on this core only
         jitcache.load_kernels_lazily()  # a warm load skips Numba's compiler set-up
         reuse_freed_activations()
@@ -181,6 +184,20 @@ class SimdBackend(Backend):
     def _repack(self, w):
         """kpanels.repack on this core."""
         return kpanels.repack(w)
+
+    def experts_weight(self, w, n_expert: int):
+        """weight(w); an MXFP4 stack, where its products take int16 activations and the panels
+        pay on this CPU (mxpanels.PAYS), repacked into panels of sixteen rows (mxpanels.py: each
+        block's sixteen rows' sums in the lanes of one vector, where ldot's kernels reduce each
+        row's), in memory of its own that replaces its mapped pages."""
+        w = self.weight(w)
+        if self._legacy and self.mxfp4_panels and mxpanels.can_repack(w, n_expert):
+            return self._repack_experts(w)
+        return w
+
+    def _repack_experts(self, w):
+        """mxpanels.repack on this core."""
+        return mxpanels.repack(w)
 
     # -- dense ops ------------------------------------------------------------------------------
     def linear(self, x, w):
