@@ -8,7 +8,7 @@ expert's for its one token) through the backends' own entry, on one thread and o
 
 Random blocks (tests/qblocks.py), [rows, 2880] (gpt-oss-20b's width): 2880 rows (4.9 MB of
 MXFP4: in L3 here) and --rows more (from DRAM). MXFP4X16 is the same MXFP4 blocks repacked into
-panels of sixteen rows (mxpanels.py), as the backends keep a mixture's experts. Medians of -r calls, in Gw/s (weights times
+panels of sixteen rows (lpanels.py), as the backends keep a mixture's experts. Medians of -r calls, in Gw/s (weights times
 activation rows multiplied a second) and GB/s (the weight's bytes read a second).
 """
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from qblocks import random_blocks  # noqa: E402
 
-from inferno.backends.numba import mxpanels, qkernels  # noqa: E402
+from inferno.backends.numba import lpanels, qkernels  # noqa: E402
 from inferno.backends.numba.codes import WeightKind  # noqa: E402
 from inferno.backends.numba.dispatch import LEGACY_FEW  # noqa: E402
 from inferno.backends.numba.ldot import LEGACY_KINDS  # noqa: E402
@@ -63,7 +63,7 @@ def main() -> None:
         kind = int(WeightKind[name])
         for rows in (args.cols, args.rows):
             w = random_blocks(name.replace("X16", ""), rows, args.cols, extremes=False)
-            w = (mxpanels.repack(w) if name == "MXFP4X16" else w).data
+            w = (lpanels.repack(w) if name.endswith("X16") else w).data
             for B in map(int, args.batch.split(",")):
                 x = np.random.default_rng(0).standard_normal((B, args.cols)).astype(np.float32)
                 out = np.empty((B, rows), np.float32)

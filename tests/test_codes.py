@@ -15,10 +15,10 @@ from inferno.formats.quant import QTYPES, QuantTensor
 
 
 def test_weight_kinds_are_the_types_the_kernels_read():
-    from inferno.backends.numba import kpanels, mxpanels
+    from inferno.backends.numba import kpanels, lpanels
     # every file type the kernels read, the layouts the backends make of Q4_K (kpanels.py) and of
-    # MXFP4 (mxpanels.py), and float32 matrices (fdot.py)
-    assert set(WeightKind.__members__) - set(QTYPES) == {"Q4_KX8", "MXFP4X16", "F32"}
+    # Q4_0, Q4_1 and MXFP4 (lpanels.py), and float32 matrices (fdot.py)
+    assert set(WeightKind.__members__) - set(QTYPES) == {"Q4_KX8", "Q4_0X16", "Q4_1X16", "MXFP4X16", "F32"}
     for kind in WeightKind:
         assert getattr(Q, kind.name) == int(kind) and type(getattr(Q, kind.name)) is int
     assert len(Q.UNIT_BYTES) == len(WeightKind)  # one unit size per code, in code order
@@ -27,7 +27,7 @@ def test_weight_kinds_are_the_types_the_kernels_read():
     assert WeightKind.of(kpanels.repack(w)) is WeightKind.Q4_KX8
     m = QuantTensor(QTYPES["MXFP4"], (16, 32), np.zeros((16, 17), np.uint8))
     assert WeightKind.of(m) is WeightKind.MXFP4
-    assert WeightKind.of(mxpanels.repack(m)) is WeightKind.MXFP4X16
+    assert WeightKind.of(lpanels.repack(m)) is WeightKind.MXFP4X16
 
 
 def test_cache_kinds_are_the_cache_types_in_order():

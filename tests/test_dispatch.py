@@ -12,7 +12,7 @@ import numba as nb
 import numpy as np
 import pytest
 
-from inferno.backends.numba import dispatch, fdot, kpanels, ldot, lgemm, mxpanels, qdot, qgemm
+from inferno.backends.numba import dispatch, fdot, kpanels, ldot, lgemm, lpanels, qdot, qgemm
 from inferno.backends.numba.dispatch import FEW_MAX, GEMM_MIN, GEMM_MIN_COLS, LEGACY_FEW
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.simd import SimdBackend
@@ -34,9 +34,11 @@ TABLE = [
     ("MXFP4", LEGACY_FEW + 1, WIDE, 2, True, "lgemm.l_gemm"),
     ("MXFP4", 1, WIDE, 1, False, "qkernels.matvec_rows"),  # no int8 rows: float32 unless int16
     ("MXFP4", 512, WIDE, 0, False, "qkernels.prefill_rows"),
-    ("MXFP4X16", 1, WIDE, 1, True, "ldot.l_rows"),  # in panels: l_rows' share is mxpanels.m_rows
+    ("MXFP4X16", 1, WIDE, 1, True, "ldot.l_rows"),  # in panels: l_rows' share is lpanels.m_rows
     ("MXFP4X16", LEGACY_FEW, WIDE, 1, True, "ldot.l_rows"),
     ("MXFP4X16", LEGACY_FEW + 1, WIDE, 1, True, "lgemm.l_gemm"),
+    ("Q4_1X16", 1, WIDE, 1, True, "ldot.l_rows"),
+    ("Q4_0X16", LEGACY_FEW + 1, WIDE, 1, True, "lgemm.l_gemm"),
     ("Q4_K", 1, WIDE, 1, False, "qdot.k_rows"),
     ("Q6_K", 1, WIDE, 2, True, "qdot.k_rows"),  # the legacy flag is the legacy kinds' only
     ("Q5_K", 2, WIDE, 1, False, "qdot.k_few"),
@@ -144,7 +146,7 @@ def test_the_backend_takes_the_tables_kernel(kind):
     if kind == "Q4_KX8":
         w = kpanels.repack(w)
     if kind == "MXFP4X16":
-        w = mxpanels.repack(w)
+        w = lpanels.repack(w)
     rng = np.random.default_rng(0)
     for rows in (1, 2, LEGACY_FEW + 1, GEMM_MIN, 40):
         x = rng.standard_normal((rows, WIDE)).astype(np.float32)

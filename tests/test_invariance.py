@@ -12,12 +12,12 @@ import pytest
 
 import inferno
 from inferno.backends import create_backend
-from inferno.backends.numba import kpanels, mxpanels
+from inferno.backends.numba import kpanels, lpanels
 from inferno.model.decoder import Segment
 from inferno.loading.resolve import resolve
 from tests.qblocks import random_blocks
 
-LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "MXFP4X16"]
+LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "Q4_0X16", "Q4_1X16", "MXFP4X16"]
 K_QUANTS = ["Q4_K", "Q5_K", "Q6_K", "Q4_KX8"]
 
 
@@ -30,10 +30,10 @@ def _legacy_backends():
 
 
 def _legacy_weight(kind, rows, cols, seed):
-    """Random blocks of a legacy kind; MXFP4X16: MXFP4 in panels (mxpanels.py), rows rounded up
-    to whole panels."""
-    if kind == "MXFP4X16":
-        return mxpanels.repack(random_blocks("MXFP4", rows + -rows % mxpanels.P, cols, seed=seed))
+    """Random blocks of a legacy kind; Q4_0X16, Q4_1X16, MXFP4X16: in panels (lpanels.py), rows
+    rounded up to whole panels."""
+    if kind.endswith("X16"):
+        return lpanels.repack(random_blocks(kind[:-3], rows + -rows % lpanels.P, cols, seed=seed))
     return random_blocks(kind, rows, cols, seed=seed)
 
 

@@ -175,11 +175,11 @@ def test_a_gguf_whose_experts_contradict_its_metadata(qwen3moe_dir, tmp_path, ed
 
 @pytest.mark.parametrize("backend", ["simd", "pool"])
 def test_mxfp4_experts_in_panels_give_the_files_bits(backend):
-    """MXFP4 experts repacked into panels at load (experts_weight: mxpanels.py) multiply to the
+    """MXFP4 experts repacked into panels at load (experts_weight: lpanels.py) multiply to the
     same bits as the file's rows, for a decode step's one token, a few and a prefill's many
     (every expert's group through m_rows or lgemm's GEMM), on one thread and on the pool's."""
     from inferno.backends import create_backend
-    from inferno.backends.numba import mxpanels
+    from inferno.backends.numba import lpanels
     from tests.qblocks import random_blocks
 
     ops = create_backend(backend, **({"threads": 2} if backend == "pool" else {}))
@@ -189,7 +189,7 @@ def test_mxfp4_experts_in_panels_give_the_files_bits(backend):
     stack = [random_blocks("MXFP4", n * inter, hidden, seed=1, extremes=False),
              random_blocks("MXFP4", n * inter, hidden, seed=2, extremes=False),
              random_blocks("MXFP4", n * hidden, inter, seed=3, extremes=False)]
-    panels = [mxpanels.repack(w) for w in stack]
+    panels = [lpanels.repack(w) for w in stack]
     rng = np.random.default_rng(0)
     router = ops.weight(rng.standard_normal((n, hidden), dtype=np.float32))
     for rows in (1, 3, 40):

@@ -167,9 +167,9 @@ def test_dealt_blocks_multiply_as_in_weight_order(fp4):
 
 
 def test_pext_without_bmi2_is_pexts_runs():
-    """mxpanels' repack packs nibbles with pext; without BMI2 it is a shift and a mask for each
+    """lpanels' repack packs nibbles with pext; without BMI2 it is a shift and a mask for each
     run of the mask's ones (ilanes.mask_runs): the same bits as pext's definition, bit by bit."""
-    from inferno.backends.numba import ilanes, mxpanels
+    from inferno.backends.numba import ilanes, lpanels
 
     def pext(x, mask):  # the instruction's definition
         out, at = 0, 0
@@ -183,12 +183,12 @@ def test_pext_without_bmi2_is_pexts_runs():
         return sum(((x >> bit) & ((1 << n) - 1)) << at for bit, n, at in ilanes.mask_runs(mask))
 
     rng = np.random.default_rng(5)
-    masks = [mxpanels.EVEN_LOW, mxpanels.ODD_LOW, mxpanels.EVEN_HIGH, mxpanels.ODD_HIGH, 2 ** 64 - 1, 1 << 63, 0,
+    masks = [lpanels.EVEN_LOW, lpanels.ODD_LOW, lpanels.EVEN_HIGH, lpanels.ODD_HIGH, 2 ** 64 - 1, 1 << 63, 0,
              *(int(m) for m in rng.integers(0, 2 ** 63, 20, dtype=np.uint64))]
     for mask in masks:
         for x in (0, 2 ** 64 - 1, *(int(v) for v in rng.integers(0, 2 ** 63, 20, dtype=np.uint64) * 2 + 1)):
             assert by_runs(x, mask) == pext(x, mask), (hex(x), hex(mask))
-    assert ilanes.mask_runs(mxpanels.ODD_LOW) == [(8, 4, 0), (24, 4, 4), (40, 4, 8), (56, 4, 12)]
+    assert ilanes.mask_runs(lpanels.ODD_LOW) == [(8, 4, 0), (24, 4, 4), (40, 4, 8), (56, 4, 12)]
 
 
 def test_mxfp4_from_hf_is_transformers_dequantisation():

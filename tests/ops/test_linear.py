@@ -254,13 +254,14 @@ for name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"):
     got = np.empty((7, 29), np.float32)
     kernel_call(lgemm.l_gemm, int(WeightKind[name]))(w.data, ldot.quantized(x), got, 0, 29)
     np.save({out!r} + f"/{{name}}.npy", got)
-from inferno.backends.numba import mxpanels
-p = mxpanels.repack(random_blocks("MXFP4", 32, 96, seed=3))
-x = np.random.default_rng(4).standard_normal((7, 96), dtype=np.float32)
-for kernel, b in ((lgemm.l_gemm, 7), (ldot.l_rows, 1), (ldot.l_rows, 5)):
-    got = np.empty((b, 32), np.float32)
-    kernel_call(kernel, int(WeightKind.MXFP4X16))(p.data, ldot.quantized(x[:b]), got, 0, 32)
-    np.save({out!r} + f"/MXFP4X16-{{kernel.__name__}}-{{b}}.npy", got)
+from inferno.backends.numba import lpanels
+for name in ("Q4_0", "Q4_1", "MXFP4"):
+    p = lpanels.repack(random_blocks(name, 32, 96, seed=3))
+    x = np.random.default_rng(4).standard_normal((7, 96), dtype=np.float32)
+    for kernel, b in ((lgemm.l_gemm, 7), (ldot.l_rows, 1), (ldot.l_rows, 5)):
+        got = np.empty((b, 32), np.float32)
+        kernel_call(kernel, int(WeightKind[name + "X16"]))(p.data, ldot.quantized(x[:b]), got, 0, 32)
+        np.save({out!r} + f"/{{name}}X16-{{kernel.__name__}}-{{b}}.npy", got)
 from inferno.backends.numba import fdot
 assert fdot.BLOCK == (4 if "+avx512f" in {features!r} else 2)
 for name in ("F32", "F16", "BF16"):
@@ -345,13 +346,14 @@ def test_int8_gemm_without_vnni(backend, cpu, features, request):
         here = np.empty_like(wide)
         kernel_call(lgemm.l_gemm, int(WeightKind[name]))(w.data, ldot.quantized(x), here, 0, 29)
         assert (np.abs(wide - here) <= 1e-6 * (np.abs(x) @ magnitudes(w).T)).all()
-    w = random_blocks("MXFP4", 32, 96, seed=3)  # MXFP4 in panels: its lookups in two 256-bit halves
-    x = np.random.default_rng(4).standard_normal((7, 96), dtype=np.float32)  # (Haswell) or one
-    for kernel, b in ((lgemm.l_gemm, 7), (ldot.l_rows, 1), (ldot.l_rows, 5)):  # zmm, the file's rows' bits
-        here = np.empty((b, 32), np.float32)
-        kernel_call(kernel, int(WeightKind.MXFP4))(w.data, ldot.quantized(x[:b]), here, 0, 32)
-        np.testing.assert_array_equal(np.load(tmp_path / f"MXFP4X16-{kernel.__name__}-{b}.npy"), here,
-                                      err_msg=f"{cpu}: MXFP4X16, {kernel.__name__}, {b} rows")
+    for name in ("Q4_0", "Q4_1", "MXFP4"):  # in panels (MXFP4's lookups in two 256-bit halves on
+        w = random_blocks(name, 32, 96, seed=3)  # Haswell, one zmm on Skylake-X): the file's rows' bits
+        x = np.random.default_rng(4).standard_normal((7, 96), dtype=np.float32)
+        for kernel, b in ((lgemm.l_gemm, 7), (ldot.l_rows, 1), (ldot.l_rows, 5)):
+            here = np.empty((b, 32), np.float32)
+            kernel_call(kernel, int(WeightKind[name]))(w.data, ldot.quantized(x[:b]), here, 0, 32)
+            np.testing.assert_array_equal(np.load(tmp_path / f"{name}X16-{kernel.__name__}-{b}.npy"), here,
+                                          err_msg=f"{cpu}: {name}X16, {kernel.__name__}, {b} rows")
     from inferno.backends.numba import fdot
     for name in ("F32", "F16", "BF16"):  # one order of arithmetic on every CPU: the same bits
         w, x = float_case(name)
@@ -375,19 +377,20 @@ def test_int16_gemm_writes_only_its_rows(backend):
 
 
 @pytest.mark.backends(*NUMBA)
-def test_mxfp4_panels_are_the_files_rows(backend):
-    """MXFP4 stored as panels of sixteen rows (mxpanels.py) unpacks to the file's bytes, and
-    multiplies to the file's rows' bits: one row and a few (mxpanels.m_rows), a prefill (lgemm's
-    GEMM, which unpacks them), a weight of an odd number of panels (a pass's second panel
-    empty), and row ranges that cut panels (the rows outside them left alone)."""
-    from inferno.backends.numba import ldot, mxpanels
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "MXFP4"])
+def test_legacy_panels_are_the_files_rows(backend, name):
+    """Q4_0, Q4_1 and MXFP4 stored as panels of sixteen rows (lpanels.py) unpack to the file's
+    bytes, and multiply to the file's rows' bits: one row and a few (lpanels.m_rows), a prefill
+    (lgemm's GEMM, which unpacks them), a weight of an odd number of panels (a pass's second
+    panel empty), and row ranges that cut panels (the rows outside them left alone)."""
+    from inferno.backends.numba import ldot, lpanels
     from inferno.backends.numba.codes import WeightKind
     if not backend._legacy:
         pytest.skip("this CPU takes the legacy kinds' activations in float32")
     for rows, cols in ((48, 64), (96, 2880)):
-        w = random_blocks("MXFP4", rows, cols, seed=rows, readonly=True)
-        p = mxpanels.repack(w)
-        assert WeightKind.of(p) is WeightKind.MXFP4X16 and p.data.shape == w.data.shape
+        w = random_blocks(name, rows, cols, seed=rows, readonly=True)
+        p = lpanels.repack(w)
+        assert WeightKind.of(p) is WeightKind[name + "X16"] and p.data.shape == w.data.shape
         np.testing.assert_array_equal(p.rows(0, rows).data, w.data)
         np.testing.assert_array_equal(p.rows(5, 37).data, w.data[5:37])
         np.testing.assert_array_equal(p.dequantize(3, 20), w.dequantize(3, 20))
@@ -398,28 +401,32 @@ def test_mxfp4_panels_are_the_files_rows(backend):
         for b in (1, 5):
             x = rng.standard_normal((b, cols), dtype=np.float32)
             want = np.empty((b, rows), np.float32)
-            kernel_call(ldot.l_rows, int(WeightKind.MXFP4))(w.data, ldot.quantized(x), want, 0, rows)
+            kernel_call(ldot.l_rows, int(WeightKind[name]))(w.data, ldot.quantized(x), want, 0, rows)
             for r0, r1 in ((3, 29), (16, 32), (17, 18), (0, rows)):
                 got = np.full((b, rows), np.nan, np.float32)
-                kernel_call(ldot.l_rows, int(WeightKind.MXFP4X16))(p.data, ldot.quantized(x), got, r0, r1)
+                kernel_call(ldot.l_rows, int(WeightKind[name + "X16"]))(p.data, ldot.quantized(x), got, r0, r1)
                 assert np.isnan(got[:, :r0]).all() and np.isnan(got[:, r1:]).all()
                 np.testing.assert_array_equal(got[:, r0:r1], want[:, r0:r1], err_msg=f"{b} rows, {r0}..{r1}")
 
 
 @pytest.mark.backends("simd")
-def test_mxfp4_panels_only_where_they_fit(backend):
-    """A stack of experts is repacked only where each expert's rows are whole panels; anything
-    else (another kind, rows not a multiple of sixteen) stays as the file's rows."""
-    from inferno.backends.numba import mxpanels
-    assert mxpanels.can_repack(random_blocks("MXFP4", 64, 64), 4)
-    assert not mxpanels.can_repack(random_blocks("MXFP4", 64, 64), 8)  # 8 rows an expert
-    assert not mxpanels.can_repack(random_blocks("MXFP4", 40, 64))
-    assert not mxpanels.can_repack(random_blocks("Q4_0", 64, 64))
-    assert not mxpanels.can_repack(mxpanels.repack(random_blocks("MXFP4", 64, 64)))
-    if backend._legacy and backend.mxfp4_panels:
-        assert type(backend.experts_weight(random_blocks("MXFP4", 64, 64), 4)) is mxpanels.Mxfp4Panels
-    assert type(backend.experts_weight(random_blocks("MXFP4", 64, 64), 8)) is not mxpanels.Mxfp4Panels
-    assert type(backend.weight(random_blocks("MXFP4", 64, 64))) is not mxpanels.Mxfp4Panels
+def test_legacy_panels_only_where_they_fit(backend):
+    """A Q4_0, Q4_1 or MXFP4 linear weight is repacked where its rows are whole panels, a stack of
+    experts where each expert's rows are; anything else (another kind, rows not a multiple of
+    sixteen, an embedding's table) stays as the file's rows."""
+    from inferno.backends.numba import lpanels
+    assert lpanels.can_repack(random_blocks("MXFP4", 64, 64), 4)
+    assert not lpanels.can_repack(random_blocks("MXFP4", 64, 64), 8)  # 8 rows an expert
+    assert not lpanels.can_repack(random_blocks("MXFP4", 40, 64))
+    assert lpanels.can_repack(random_blocks("Q4_0", 64, 64)) and lpanels.can_repack(random_blocks("Q4_1", 64, 64))
+    assert not lpanels.can_repack(random_blocks("Q8_0", 64, 64))
+    assert not lpanels.can_repack(lpanels.repack(random_blocks("MXFP4", 64, 64)))
+    if backend._legacy and backend.legacy_panels:
+        assert type(backend.experts_weight(random_blocks("MXFP4", 64, 64), 4)) is lpanels.LegacyPanels
+        assert type(backend.linear_weight(random_blocks("Q4_1", 64, 64))) is lpanels.LegacyPanels
+    assert type(backend.experts_weight(random_blocks("MXFP4", 64, 64), 8)) is not lpanels.LegacyPanels
+    assert type(backend.linear_weight(random_blocks("Q4_0", 40, 64))) is not lpanels.LegacyPanels
+    assert type(backend.weight(random_blocks("MXFP4", 64, 64))) is not lpanels.LegacyPanels
 
 
 @pytest.mark.backends("simd")

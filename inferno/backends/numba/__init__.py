@@ -5,7 +5,7 @@ pool.py), with their kernels grouped by concern:
   table), float weights in one order (fdot.py), the drivers and the quantized kinds' float32
   kernels (qkernels.py), the K-quants' int8 rows and GEMM
   panels (qdot.py, qgemm.py), Q4_K stored as panels (kpanels.py), the legacy kinds' int16 rows
-  and GEMM (ldot.py, lgemm.py), MXFP4 experts stored as panels (mxpanels.py); a step's experts
+  and GEMM (ldot.py, lgemm.py), Q4_0, Q4_1 and MXFP4 stored as panels (lpanels.py); a step's experts
   (experts.py);
 - the weight and cache kinds as the kernels branch on them (codes.py), vector lanes (lanes.py,
   ilanes.py);

@@ -54,7 +54,9 @@ class WeightKind(Code):
     Q4_KX8 = 10  # Q4_K repacked into panels of eight rows (kpanels.py)
     F32 = 11  # a float32 matrix, not a QuantTensor (fdot.py reads it as bytes, as F16's)
     MXFP4 = 12  # read as a legacy kind (ldot.py): Q4_0's nibbles, a table, a power-of-two scale
-    MXFP4X16 = 13  # MXFP4 repacked into panels of sixteen rows (mxpanels.py)
+    MXFP4X16 = 13  # MXFP4 repacked into panels of sixteen rows (lpanels.py)
+    Q4_0X16 = 14  # Q4_0 in panels of sixteen rows (lpanels.py)
+    Q4_1X16 = 15  # Q4_1 in panels of sixteen rows (lpanels.py)
 
     @classmethod
     def of(cls, w: QuantTensor) -> WeightKind:

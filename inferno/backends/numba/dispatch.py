@@ -12,7 +12,7 @@ and `legacy`, whether the legacy kinds take theirs as int16 rows. The answer (`k
     weight, activations          1 row              2 .. rows           many rows
     F32, F16, BF16 weights       fdot.f_rows (any number of rows: one order, one kernel)
     legacy kind, int16 rows      ldot.l_rows (up to LEGACY_FEW)   ->   lgemm.l_gemm   (MXFP4 is one)
-    MXFP4 in panels (MXFP4X16)   mxpanels.m_rows (as l_rows)      ->   lgemm.l_gemm   (unpacks them)
+    Q4_0/Q4_1/MXFP4 in panels    lpanels.m_rows (as l_rows)      ->   lgemm.l_gemm   (unpacks them)
     K-quant, int8 rows           qdot.k_rows        qdot.k_few     ->   qgemm.k_gemm (GEMM_MIN)
     Q4_K in panels (Q4_KX8)      kpanels.p_rows                    ->   kpanels.p_gemm (GEMM_MIN)
     quantized, float32 rows      qkernels.matvec_rows  few_rows    ->   prefill_rows (past FEW_MAX:

@@ -7,9 +7,9 @@ the kernel a dense linear of that many rows takes (dispatch.kernel): l_rows or l
 legacy kind that takes int16 rows, dequantised tiles and sgemm for many float32 rows, and
 otherwise qkernels.rows_kernel (which reads the same table). So a row's result is the one a
 dense linear would give it: where the dense path is batch-invariant (the legacy kinds with int16
-activations, the K-quants with int8), so are the experts. MXFP4 experts may come as panels of
-sixteen rows (the backends' experts_weight: mxpanels.py), an expert's rows whole panels, which
-the same table sends to mxpanels.m_rows and lgemm's GEMM.
+activations, the K-quants with int8), so are the experts. Q4_0, Q4_1 and MXFP4 experts may come
+as panels of sixteen rows (the backends' experts_weight: lpanels.py), an expert's rows whole panels, which
+the same table sends to lpanels.m_rows and lgemm's GEMM.
 
 The activations are quantized once for all the step's rows, then sliced per group (every
 quantity is per row). Jobs are (chunk of an expert's output rows, group), chunk-major: Numba

@@ -478,9 +478,12 @@ def wsub_const(typingctx, a, c):
         return None
     value = c.literal_value
 
+    if a not in (i16x16, i16x32):
+        return None
+
     def codegen(context, builder, sig, args):
-        return builder.sub(args[0], _const(_W, value))
-    return i16x16(i16x16, c), codegen
+        return builder.sub(args[0], _const(args[0].type, value))
+    return a(a, c), codegen
 
 
 @intrinsic
@@ -612,36 +615,49 @@ def hdeal(typingctx, src, so, dst, do):
     return types.void(src, types.intp, dst, types.intp), codegen
 
 
-# -- MXFP4 in panels of sixteen rows (mxpanels.py) -----------------------------------------------------
-def _panel_codegen(s: int, signed: bool):
+# -- 4-bit blocks in panels of sixteen rows (lpanels.py) ----------------------------------------------
+def _panel_codegen(s: int, table, signed: bool):
+    """Nibble s of each of 32 little-endian words at f[o:o + 64], through `table` (None: the
+    nibble itself), as int16 lanes; `signed`: the table's bytes are signed values."""
     def codegen(context, builder, sig, args):
         words = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _I16, 32), align=1)
         n = builder.lshr(words, _const(_ZW, 4 * s)) if s else words
         if s != 3:
             n = builder.and_(n, _const(_ZW, 15))
+        if table is None:
+            return n
         if not signed:
-            return _word_lookup(builder, n, MXFP4_PLUS12)
+            return _word_lookup(builder, n, table)
         # the values' bytes as unsigned (-12 is 244), then each lane's low byte sign-extended
-        v = _word_lookup(builder, n, [v & 255 for v in MXFP4_VALUES])
+        v = _word_lookup(builder, n, [v & 255 for v in table])
         return builder.sext(builder.trunc(v, ir.VectorType(_I8, 32)), _ZW)
     return codegen
 
 
-@intrinsic
-def zwfp4_step(typingctx, f, o, s):
-    """Step s (a literal, 0..3) of the 64 bytes f[o:o + 64] of a panel (mxpanels.py): nibble s of
-    each of its 32 little-endian words, as MXFP4_PLUS12's values (0..24) in int16 lanes."""
-    if not isinstance(s, types.IntegerLiteral):
-        return None
-    return i16x32(f, types.intp, s), _panel_codegen(s.literal_value, signed=False)
+def _panel_step(name, table, signed, doc):
+    def step(typingctx, f, o, s):
+        if not isinstance(s, types.IntegerLiteral):
+            return None
+        return i16x32(f, types.intp, s), _panel_codegen(s.literal_value, table, signed)
+    step.__name__ = step.__qualname__ = name
+    step.__doc__ = doc
+    return intrinsic(step)
+
+
+zwnib_step = _panel_step("zwnib_step", None, False, "Step s (a literal, 0..3) of the 64 bytes f[o:o + 64] of a "
+                         "panel (lpanels.py): nibble s of each of its 32 little-endian words, as int16 lanes (0..15).")
+zwfp4_step = _panel_step("zwfp4_step", MXFP4_PLUS12, False, "zwnib_step through MXFP4_PLUS12 (0..24).")
+zwfp4_step_signed = _panel_step("zwfp4_step_signed", MXFP4_VALUES, True,
+                                "zwnib_step through MXFP4_VALUES (-12..12): lgemm's panels.")
 
 
 @intrinsic
-def zwfp4_step_signed(typingctx, f, o, s):
-    """zwfp4_step as the values themselves (MXFP4_VALUES, -12..12): lgemm's panels."""
-    if not isinstance(s, types.IntegerLiteral):
-        return None
-    return i16x32(f, types.intp, s), _panel_codegen(s.literal_value, signed=True)
+def fhalf16(typingctx, f, o):
+    """16 IEEE halves at bytes f[o:o + 32] of a byte array, as float32 lanes (one vcvtph2ps)."""
+    def codegen(context, builder, sig, args):
+        h = builder.load(_address(context, builder, sig.args[0], args[0], args[1], ir.HalfType(), 16), align=1)
+        return builder.fpext(h, _VF)
+    return f32x16(f, types.intp), codegen
 
 
 @intrinsic

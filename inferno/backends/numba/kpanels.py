@@ -291,17 +291,19 @@ def p_gemm(w, x8, r8, dx, dr, isum, out, r0, r1):
 
 
 # -- the weight -----------------------------------------------------------------------------------------
-class PanelTensor(QuantTensor):
-    """A Q4_K weight whose rows are stored as panels (see the module docstring): the numba
-    backends' form of a Q4_K linear weight. `data` keeps the file's shape and size; rows are
-    not contiguous in it, so row views are copies, unpacked to the file's layout."""
+class Panelled(QuantTensor):
+    """A weight whose rows a backend stores as panels (PanelTensor here, lpanels.LegacyPanels):
+    `data` keeps the file's shape and size; rows are not contiguous in it, so row views are
+    copies, unpacked to the file's layout (`_unpanel`)."""
 
     __slots__ = ()
-    kind_name = "Q4_KX8"
+
+    def _unpanel(self, out: np.ndarray, r0: int, r1: int) -> None:
+        raise NotImplementedError
 
     def rows(self, r0: int, r1: int) -> QuantTensor:
         out = np.empty((r1 - r0, self.data.shape[1]), np.uint8)
-        unpanel_rows(self.data, out, r0, r1)
+        self._unpanel(out, r0, r1)
         return QuantTensor(self.qtype, (r1 - r0, self.shape[1]), out, self.outlier_inputs)
 
     def take_rows(self, order: np.ndarray) -> QuantTensor:
@@ -311,7 +313,19 @@ class PanelTensor(QuantTensor):
         return self.rows(r0, self.shape[0] if r1 is None else r1).dequantize()
 
     def __repr__(self) -> str:
-        return f"PanelTensor({self.qtype.name}, {list(self.shape)})"
+        return f"{type(self).__name__}({self.qtype.name}, {list(self.shape)})"
+
+
+class PanelTensor(Panelled):
+    """A Q4_K weight whose rows are stored as panels (see the module docstring): the numba
+    backends' form of a Q4_K linear weight."""
+
+    __slots__ = ()
+    kind_name = "Q4_KX8"
+
+    def _unpanel(self, out: np.ndarray, r0: int, r1: int) -> None:
+        unpanel_rows(self.data, out, r0, r1)
+
 
 
 def pays_on(cpu: str) -> bool:

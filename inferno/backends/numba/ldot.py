@@ -31,8 +31,9 @@ grouped into steps, on any number of threads (tests/test_invariance.py).
 Q4_0, Q4_1 and MXFP4 on AVX-512 take `_l_dealt` (one row) and `_l_few_dealt`: the same integer
 block sums, the weights widened in a 512-bit register without a shuffle (ilanes.DEALT), where
 an expert's MXFP4 rows were bound by the widening, not by DRAM (bench/RESULTS.md, "The one-row
-matvec"). A mixture's MXFP4 experts kept in panels of sixteen rows (MXFP4X16, mxpanels.py) go to
-mxpanels.m_rows, which gives the file's rows' bits without reducing a block's lanes at all.
+matvec"). Where the backends keep these kinds' weights in panels of sixteen rows (Q4_0X16,
+Q4_1X16, MXFP4X16: lpanels.py), l_rows hands them to lpanels.m_rows, which gives the file's
+rows' bits without reducing a block's lanes at all.
 
 On AVX-512 machines with VNNI the decode here ran within noise of the float32 kernels (SmolLM2's
 Q8_0, Q4_1, Q5_0 and Q4_K_M files, Gemma 3: 0.94-1.11x, bench/RESULTS.md), so the backends turn
@@ -54,12 +55,13 @@ from inferno.backends.numba.ilanes import (
     zisums8, zwfp4_dealt, zwnib_dealt,
 )
 from inferno.backends.numba.lanes import e8m0at, f16at, prefetch, vload, vmul, vsplat, vsum
-from inferno.backends.numba.mxpanels import MXFP4X16, m_rows
+from inferno.backends.numba.lpanels import Q4_1X16, m_rows, panelled
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 
-LEGACY_KINDS = frozenset(WeightKind[k] for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "MXFP4X16"))
+LEGACY_KINDS = frozenset(WeightKind[k] for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "MXFP4X16", "Q4_0X16",
+                                                 "Q4_1X16"))
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4 = (int(WeightKind[k]) for k in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"))
 QMAX = np.float32(32767.0)
 
@@ -75,7 +77,7 @@ def eight_lane_floats() -> bool:
 def legacy(kind):
     """Whether kind is one of this module's (plain Python where Python calls it, compiled into
     the jitted callers)."""
-    return (kind >= Q8_0 and kind <= Q5_1) or kind == MXFP4 or kind == MXFP4X16
+    return (kind >= Q8_0 and kind <= Q5_1) or kind == MXFP4 or panelled(kind)
 
 
 # -- the activations ----------------------------------------------------------------------------------
@@ -135,7 +137,7 @@ def block(kind, f, o):
 def offset(kind):
     """Whether the kind's blocks keep an offset m beside d q (Q4_1, Q5_1): Q4_0's and Q5_0's
     are taken into the integers (`signed_block`)."""
-    return kind == Q4_1 or kind == Q5_1
+    return kind == Q4_1 or kind == Q5_1 or kind == Q4_1X16
 
 
 @inline
@@ -267,8 +269,8 @@ def rows_of(kind, w, x16, dx, xs, out, r0, r1):
 @overload(rows_of, prefer_literal=True, jit_options=dict(fastmath=FAST))
 def _rows_of(kind, w, x16, dx, xs, out, r0, r1):
     """Chosen while typing where the kind is a literal, so that only the loops taken compile."""
-    if isinstance(kind, types.IntegerLiteral) and kind.literal_value == MXFP4X16:
-        return lambda kind, w, x16, dx, xs, out, r0, r1: m_rows(w, x16, dx, out, r0, r1)
+    if isinstance(kind, types.IntegerLiteral) and panelled(kind.literal_value):
+        return lambda kind, w, x16, dx, xs, out, r0, r1: m_rows(kind, w, x16, dx, xs, out, r0, r1)
     if isinstance(kind, types.IntegerLiteral):
         one, few = (_l_dealt, _l_few_dealt) if dealt(kind.literal_value) else (_l_one, _l_few)
 
@@ -280,8 +282,8 @@ def _rows_of(kind, w, x16, dx, xs, out, r0, r1):
         return one_kind
 
     def any_kind(kind, w, x16, dx, xs, out, r0, r1):
-        if kind == MXFP4X16:
-            m_rows(w, x16, dx, out, r0, r1)
+        if panelled(kind):
+            m_rows(kind, w, x16, dx, xs, out, r0, r1)
         elif dealt(kind) and x16.shape[0] == 1:
             _l_dealt(kind, w, x16, dx, xs, out, r0, r1)
         elif dealt(kind):

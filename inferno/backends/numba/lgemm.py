@@ -52,8 +52,8 @@ from inferno.backends.numba.ilanes import (
 )
 from inferno.backends.numba.lanes import prefetch_l2, vfma_exact, vload, vmul, vsplat, vstore, vzero
 from inferno.backends.numba.ldot import offset, signed_block
-from inferno.backends.numba.mxpanels import MXFP4X16
-from inferno.backends.numba.mxpanels import pack as unpack_panel
+from inferno.backends.numba.lpanels import pack as unpack_panel
+from inferno.backends.numba.lpanels import panelled
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
 inline = nb.njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
@@ -115,8 +115,8 @@ def pack(kind, w, p0, n, panel, pad):
     rb = w.shape[1]
     blocks = panel[1].shape[0] // ROWS
     o = p0 * rb
-    if kind == MXFP4X16:  # stored as panels already (whole ones: p0 a multiple of 16)
-        unpack_panel(f, o, rb, n, panel[0], panel[1])
+    if panelled(kind):  # stored as panels already (whole ones: p0 a multiple of 16)
+        unpack_panel(kind, f, o, rb, n, panel[0], panel[1], panel[2])
         return
     if n < ROWS:
         pad[:] = 0

@@ -34,7 +34,7 @@ import threading
 import numba as nb
 import numpy as np
 
-from inferno.backends.numba import dispatch, jitcache, kpanels, mxpanels
+from inferno.backends.numba import dispatch, jitcache
 from inferno.backends.numba.codes import CacheKind, WeightKind
 from inferno.backends.numba import attention as A
 from inferno.backends.numba import dense as K
@@ -186,13 +186,9 @@ class PoolBackend(SimdBackend):
         if self._contention is not None:
             self.team = self._contention.update()
 
-    def _repack(self, w):
+    def _repack(self, repack, w):
         """simd's, on the pool's threads."""
-        return kpanels.repack(w, self.threads, self._launch)
-
-    def _repack_experts(self, w):
-        """simd's, on the pool's threads."""
-        return mxpanels.repack(w, self.threads, self._launch)
+        return repack(w, self.threads, self._launch)
 
     def _launch(self, kernel, *args):
         with _LAUNCH:

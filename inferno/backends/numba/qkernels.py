@@ -62,7 +62,8 @@ from inferno.backends.numba.lanes import (
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 
 # The weight kinds as the kernels branch on them: plain ints (codes.py says why).
-F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8, F32, MXFP4, MXFP4X16 = map(int, WeightKind)
+F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8, F32, MXFP4, MXFP4X16, Q4_0X16, Q4_1X16 = map(
+    int, WeightKind)
 
 # Activation rows from which the parallel drivers quantize them on every thread (a prefill's 512
 # rows took 0.3-2 ms a call on one, serial before each product; a decode row stays on one thread,
@@ -74,7 +75,7 @@ PASS_ROWS = lgemm.PANELS * lgemm.ROWS
 
 # -- units: one block of 32 weights, or a K-quant super-block of eight groups of 32 -------------------
 K_GROUPS = 8
-UNIT_BYTES = (64, 64, 34, 18, 20, 22, 24, 144, 176, 210, 144, 128, 17, 17)  # per kernel code: F16 .. F32, MXFP4, MXFP4X16
+UNIT_BYTES = (64, 64, 34, 18, 20, 22, 24, 144, 176, 210, 144, 128, 17, 17, 18, 20)  # per kernel code: F16 .. X16
 
 
 @jit

@@ -19,7 +19,7 @@ import functools
 
 import numpy as np
 
-from inferno.backends.numba import blas, dispatch, jitcache, kpanels, mxpanels
+from inferno.backends.numba import blas, dispatch, jitcache, kpanels, lpanels
 from inferno.formats import cache_types
 from inferno.backends.numba import attention as A
 from inferno.backends.numba import dense as K
@@ -128,9 +128,9 @@ class SimdBackend(Backend):
         # Q4_K linear weights repacked into panels of eight rows at load (linear_weight), on the
         # CPUs where decode measured faster so (kpanels.pays_on).
         self.q4k_panels = kpanels.PAYS
-        # MXFP4 experts repacked into panels of sixteen rows at load (experts_weight), on the
-        # CPUs where the table lookup is one 512-bit instruction (mxpanels.PAYS).
-        self.mxfp4_panels = mxpanels.PAYS
+        # Q4_0, Q4_1 and MXFP4 linear weights and experts repacked into panels of sixteen rows at
+        # load (linear_weight, experts_weight), with AVX-512 BW (lpanels.PAYS).
+        self.legacy_panels = lpanels.PAYS
         blas.limit_to_one_thread()  # sgemm on this core only
         jitcache.load_kernels_lazily()  # a warm load skips Numba's compiler set-up
         reuse_freed_activations()
@@ -172,32 +172,30 @@ class SimdBackend(Backend):
         return w
 
     def linear_weight(self, w):
-        """weight(w); a Q4_K weight, where its products take int8 activations and panels pay on
-        this CPU (q4k_panels), repacked into panels of eight rows (kpanels.py: eight rows'
-        products in each vpdpbusd, where qdot's kernels take one), in memory of its own that
-        replaces its mapped pages."""
-        w = self.weight(w)
-        if self.int8_activations and self.q4k_panels and kpanels.can_repack(w):
-            return self._repack(w)
-        return w
-
-    def _repack(self, w):
-        """kpanels.repack on this core."""
-        return kpanels.repack(w)
+        """weight(w) in the form this backend's products want, in memory of its own that replaces
+        its mapped pages: a Q4_K weight, where its products take int8 activations and panels pay
+        on this CPU (q4k_panels), in panels of eight rows (kpanels.py: eight rows' products in
+        each vpdpbusd, where qdot's kernels take one); a Q4_0, Q4_1 or MXFP4 weight, where
+        these take int16 activations and panels pay (legacy_panels), in panels of sixteen rows
+        (lpanels.py: a block's sixteen rows' sums in the lanes of one vector, where ldot's
+        kernels reduce each row's)."""
+        return self._panels(self.weight(w), 1)
 
     def experts_weight(self, w, n_expert: int):
-        """weight(w); an MXFP4 stack, where its products take int16 activations and the panels
-        pay on this CPU (mxpanels.PAYS), repacked into panels of sixteen rows (mxpanels.py: each
-        block's sixteen rows' sums in the lanes of one vector, where ldot's kernels reduce each
-        row's), in memory of its own that replaces its mapped pages."""
-        w = self.weight(w)
-        if self._legacy and self.mxfp4_panels and mxpanels.can_repack(w, n_expert):
-            return self._repack_experts(w)
+        """linear_weight's panels of sixteen rows for a stack of experts, where each expert's
+        rows are whole panels."""
+        return self._panels(self.weight(w), n_expert)
+
+    def _panels(self, w, groups: int):
+        if groups == 1 and self.int8_activations and self.q4k_panels and kpanels.can_repack(w):
+            return self._repack(kpanels.repack, w)
+        if self._legacy and self.legacy_panels and lpanels.can_repack(w, groups):
+            return self._repack(lpanels.repack, w)
         return w
 
-    def _repack_experts(self, w):
-        """mxpanels.repack on this core."""
-        return mxpanels.repack(w)
+    def _repack(self, repack, w):
+        """repack(w) (kpanels' or lpanels') on this core."""
+        return repack(w)
 
     # -- dense ops ------------------------------------------------------------------------------
     def linear(self, x, w):
