@@ -10,4 +10,4 @@ pool.py), with their kernels grouped by concern:
 - the weight and cache kinds as the kernels branch on them (codes.py), vector lanes (lanes.py,
   ilanes.py);
 - the runtime they sit on: BLAS (blas.py), the kernel cache (jitcache.py), the free cores
-  (contention.py), Numba's inliner made to copy less (inlining.py)."""
+  (contention.py), Numba's inliner and SSA made to do less for the same code (compiler.py)."""

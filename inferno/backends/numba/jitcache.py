@@ -50,7 +50,7 @@ import threading
 import time
 from pathlib import Path
 
-from inferno.backends.numba import inlining
+from inferno.backends.numba import compiler
 
 try:
     import llvmlite.binding as ll
@@ -267,8 +267,8 @@ def _load_overload(cache, sig, target_context):
         _loading.ours = outer
     if found is None:
         _misses[0] += 1
-        inlining.apply()  # Numba compiles next: its inliner made to copy less (not at import: a
-        # warm load never imports Numba's compiler)
+        compiler.apply()  # Numba compiles next: its inliner and SSA made to do less (not at
+        # import: a warm load never imports Numba's compiler)
     if found is None and not _told:
         _told = True
         last = last_compile()
