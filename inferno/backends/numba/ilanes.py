@@ -179,6 +179,23 @@ def _splat(builder, scalar, vty):
     return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, vty.count), [0] * vty.count))
 
 
+def _scalar_splat(name, result, scalar, vec, doc):
+    """An intrinsic `name`(x): x cast to `scalar` (a Numba type) in every lane of `vec` (its LLVM
+    type), typed `result`."""
+    def splat(typingctx, x):
+        def codegen(context, builder, sig, args):
+            return _splat(builder, context.cast(builder, args[0], sig.args[0], scalar), vec)
+        return result(x), codegen
+    splat.__name__ = splat.__qualname__ = name
+    splat.__doc__ = doc
+    return intrinsic(splat)
+
+
+zisplat = _scalar_splat("zisplat", i32x16, types.int32, _Z, "The integer x in all 16 int32 lanes.")
+isplat8 = _scalar_splat("isplat8", i32x8, types.int32, _D, "The integer x in all 8 int32 lanes.")
+fsplat8 = _scalar_splat("fsplat8", f32x8, types.float32, _F8, "x in all 8 float32 lanes.")
+
+
 def _x86(builder, name, ret, args):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
     return builder.call(fn, args)
@@ -670,14 +687,6 @@ def e8m0vec16(typingctx, f, o):
 
 
 @intrinsic
-def zisplat(typingctx, x):
-    """The integer x in all 16 int32 lanes."""
-    def codegen(context, builder, sig, args):
-        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), _Z)
-    return i32x16(x), codegen
-
-
-@intrinsic
 def u64at(typingctx, f, o):
     """The little-endian 8 bytes f[o:o + 8] of a byte array as one uint64 (no alignment)."""
     def codegen(context, builder, sig, args):
@@ -904,22 +913,6 @@ def fhigh4(typingctx, v):
     def codegen(context, builder, sig, args):
         return builder.shuffle_vector(args[0], args[0], ir.Constant(ir.VectorType(_I32, 8), [4, 5, 6, 7] * 2))
     return f32x8(f32x8), codegen
-
-
-@intrinsic
-def isplat8(typingctx, x):
-    """The integer x in all 8 int32 lanes."""
-    def codegen(context, builder, sig, args):
-        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), _D)
-    return i32x8(x), codegen
-
-
-@intrinsic
-def fsplat8(typingctx, x):
-    """x in all 8 lanes."""
-    def codegen(context, builder, sig, args):
-        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.float32), _F8)
-    return f32x8(x), codegen
 
 
 @intrinsic

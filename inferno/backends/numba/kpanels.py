@@ -358,13 +358,14 @@ def repack(w: QuantTensor, threads: int = 1, launch=None) -> PanelTensor:
     if chunks == 1:
         repack_range(w.data, out, 0, w.shape[0] // P)
     else:
-        (launch or _call)(repack_rows, w.data, out, chunks)
+        (launch or call_here)(repack_rows, w.data, out, chunks)
     release(w.data)
     out.flags.writeable = False
     return PanelTensor(w.qtype, w.shape, out, w.outlier_inputs)
 
 
-def _call(kernel, *args):
+def call_here(kernel, *args):
+    """kernel(*args) on this thread: the repacks' launch where no pool lends its threads."""
     return kernel(*args)
 
 

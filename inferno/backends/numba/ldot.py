@@ -55,7 +55,7 @@ from inferno.backends.numba.ilanes import (
     zisums8, zwfp4_dealt, zwnib_dealt,
 )
 from inferno.backends.numba.lanes import e8m0at, f16at, prefetch, vload, vmul, vsplat, vsum
-from inferno.backends.numba.lpanels import Q4_1X16, m_rows, panelled
+from inferno.backends.numba.lpanels import Q4_1X16, block_less, m_rows, panelled, plus
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
@@ -296,15 +296,8 @@ def _rows_of(kind, w, x16, dx, xs, out, r0, r1):
 
 
 @inline
-def dealt_offset(kind):
-    """What `_l_dealt`'s integers carry beyond q: Q4_0's stored nibble is q + 8, MXFP4's table
-    (ilanes.MXFP4_PLUS12) gives q + 12; Q4_1's q is the nibble."""
-    return 8 if kind == Q4_0 else (12 if kind == MXFP4 else 0)
-
-
-@inline
 def dealt_weights(kind, f, o):
-    """The 4-bit block at byte o as 32 int16 lanes in ilanes.DEALT's order (q + dealt_offset)."""
+    """The 4-bit block at byte o as 32 int16 lanes in ilanes.DEALT's order (q + lpanels.plus)."""
     if kind == MXFP4:
         return zwfp4_dealt(f, o + 1)
     return zwnib_dealt(f, o + 2 if kind == Q4_0 else o + 4)
@@ -320,20 +313,17 @@ def dealt_block(kind, f, o, x):
 @jit
 def deal(kind, x16):
     """x16's rows in ilanes.DEALT's order, and what each block's integer sum carries beyond
-    q . qx (dealt_offset times the block's sum of qx), negated: (dealt rows, [rows, blocks]; not
-    written for Q4_1, whose offset is 0 and whose kernels do not read it)."""
+    q . qx (lpanels.block_less): (dealt rows, [rows, blocks]; not written for Q4_1, whose offset
+    is 0 and whose kernels do not read it)."""
     B, n = x16.shape
     xd = np.empty((B, n), np.int16)
     less = np.empty((B, n // 32), np.int32)
-    off = dealt_offset(kind)
+    off = plus(kind)
     for a in range(B):
         for g in range(n // 32):
             hdeal(x16[a], 32 * g, xd[a], 32 * g)
             if off != 0:
-                total = 0
-                for i in range(32 * g, 32 * g + 32):
-                    total += np.int32(x16[a, i])
-                less[a, g] = -off * total
+                less[a, g] = block_less(x16, a, g, off)
     return xd, less
 
 
@@ -341,7 +331,7 @@ def deal(kind, x16):
 def _l_dealt(kind, w, x16, dx, xs, out, r0, r1):
     """_l_one for Q4_0, Q4_1 and MXFP4, its weights widened without a shuffle (ilanes.DEALT): the
     activations are dealt once into that order and each block's sum of them kept, so that a block's
-    integer sum comes out as _l_one's, exactly, less dealt_offset(kind) times that sum."""
+    integer sum comes out as _l_one's, exactly, less lpanels.plus(kind) times that sum."""
     f = w.reshape(-1)
     rb = w.shape[1]
     blocks = x16.shape[1] // 32
@@ -363,7 +353,7 @@ def _l_dealt(kind, w, x16, dx, xs, out, r0, r1):
                            dealt_block(kind, f, o2 + b, x), dealt_block(kind, f, o3 + b, x),
                            dealt_block(kind, f, o4 + b, x), dealt_block(kind, f, o5 + b, x),
                            dealt_block(kind, f, o6 + b, x), dealt_block(kind, f, o7 + b, x))
-            if dealt_offset(kind) != 0:
+            if plus(kind) != 0:
                 sums = iadd(sums, isplat8(less[0, g]))
             d, m = scales(kind, f, o0 + b, o1 + b, o2 + b, o3 + b, o4 + b, o5 + b, o6 + b, o7 + b)
             acc = fma8(ifloat(sums), fmul8(d, fsplat8(dx[0, g])), acc)
@@ -406,7 +396,7 @@ def _l_few_dealt(kind, w, x16, dx, xs, out, r0, r1):
                 x = zhload(xd, a * n + 32 * g)
                 sums = zisums8(maddwd(w0, x), maddwd(w1, x), maddwd(w2, x), maddwd(w3, x),
                                maddwd(w4, x), maddwd(w5, x), maddwd(w6, x), maddwd(w7, x))
-                if dealt_offset(kind) != 0:
+                if plus(kind) != 0:
                     sums = iadd(sums, isplat8(less[a, g]))
                 acc = fma8(ifloat(sums), fmul8(d, fsplat8(dx[a, g])), fload8(lanes, 8 * a))
                 if offset(kind):

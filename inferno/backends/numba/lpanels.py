@@ -47,13 +47,14 @@ from inferno.backends.numba.ilanes import (
     zizero, zwfp4_step, zwfp4_step_signed, zwnib_step,
 )
 from inferno.backends.numba.lanes import prefetch, vfma_exact, vload, vmul, vsplat, vstore, vzero
-from inferno.backends.numba.kpanels import Panelled, release
+from inferno.backends.numba.kpanels import Panelled, call_here, release
 from inferno.formats.quant import QuantTensor
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
 inline = nb.njit(cache=True, nogil=True, fastmath=FAST, inline="always")
 
 Q4_0X16, Q4_1X16, MXFP4X16 = (int(WeightKind[k]) for k in ("Q4_0X16", "Q4_1X16", "MXFP4X16"))
+Q4_0, MXFP4 = int(WeightKind.Q4_0), int(WeightKind.MXFP4)
 # The file's kind of each panelled one, and back.
 STORED = {"Q4_0": "Q4_0X16", "Q4_1": "Q4_1X16", "MXFP4": "MXFP4X16"}
 P = 16  # rows per panel
@@ -74,9 +75,22 @@ def head(kind):
 
 @register_jitable
 def plus(kind):
-    """What a block's lanes carry beyond q: Q4_0's stored nibble is q + 8, MXFP4's table gives
-    q + 12 (ilanes.MXFP4_PLUS12); Q4_1's q is the nibble."""
-    return 12 if kind == MXFP4X16 else (8 if kind == Q4_0X16 else 0)
+    """What a 4-bit block's integer lanes carry beyond q, in panels and in the file's rows (ldot's
+    dealt kernels) alike: Q4_0's stored nibble is q + 8, MXFP4's table gives q + 12
+    (ilanes.MXFP4_PLUS12); Q4_1's q is the nibble."""
+    if kind == MXFP4X16 or kind == MXFP4:
+        return 12
+    return 8 if kind == Q4_0X16 or kind == Q4_0 else 0
+
+
+@inline
+def block_less(x16, a, g, off):
+    """What block g's integer sums against row a of x16 carry beyond q . qx, negated: `off`
+    (plus) times the block's sum of qx."""
+    total = 0
+    for i in range(32 * g, 32 * g + 32):
+        total += np.int32(x16[a, i])
+    return -off * total
 
 
 # Where the panels are made (the backends' linear_weight and experts_weight): AVX-512 BW, as on
@@ -169,17 +183,14 @@ def unpanel_rows(kind, w, out, r0, r1):
 # -- products ------------------------------------------------------------------------------------------
 @jit
 def offsets(kind, x16):
-    """What each block's integer sums carry beyond q . qx: plus(kind) times the block's sum of
-    qx, negated ([rows, blocks] int32; zeros for Q4_1)."""
+    """Each block's block_less for every row of x16 ([rows, blocks] int32; zeros for Q4_1)."""
     B, n = x16.shape
     less = np.zeros((B, n // 32), np.int32)
-    if plus(kind) != 0:
+    off = plus(kind)
+    if off != 0:
         for a in range(B):
             for g in range(n // 32):
-                total = 0
-                for i in range(32 * g, 32 * g + 32):
-                    total += np.int32(x16[a, i])
-                less[a, g] = -plus(kind) * total
+                less[a, g] = block_less(x16, a, g, off)
     return less
 
 
@@ -405,7 +416,7 @@ def repack(w: QuantTensor, threads: int = 1, launch=None) -> LegacyPanels:
     if chunks == 1:
         repack_range(kind, w.data, out, 0, w.shape[0] // P)
     else:
-        (launch or (lambda kernel, *args: kernel(*args)))(repack_rows, kind, w.data, out, chunks)
+        (launch or call_here)(repack_rows, kind, w.data, out, chunks)
     release(w.data)
     out.flags.writeable = False
     return LegacyPanels(w.qtype, w.shape, out, w.outlier_inputs)
