@@ -285,20 +285,23 @@ def test_symbols_from_the_object_file_are_the_bitcodes():
 STALE = """
 import numpy as np
 from numba.core.event import install_recorder
-from inferno.backends.numba import jitcache, pool
+from inferno.backends.numba import dense, jitcache, pool
 x = np.ones((4, 8), np.float32)
 with install_recorder("numba:compile") as rec:
     pool._softmax(x, np.empty_like(x), 2)  # calls dense.softmax_rows, in another file
-print(jitcache.CACHE_FOLDER.name, sum(e[1].is_start for e in rec.buffer), pool.__file__)
+compiled = sorted({e[1].data["dispatcher"].py_func.__name__ for e in rec.buffer if e[1].is_start})
+print(pool._softmax._cache._cache_path, dense.softmax_rows._cache._cache_path, ",".join(compiled) or "-",
+      pool.__file__)
 """
 
 
 def test_a_changed_callee_recompiles_its_callers(tmp_path):
     """Numba keys a cached kernel on its own file: an edit to a file it calls into (dense.py,
-    below pool's wrappers) would leave its machine code stale. inferno's kernel cache is keyed
-    on every backend source, so the caller compiles again; and since the key is all the code
-    was compiled from, another checkout of the same sources finds the kernels compiled. On
-    copies of the package, in fresh processes, with an empty kernel cache of their own."""
+    below pool's wrappers) would leave its machine code stale. inferno's kernel cache keys each
+    file's kernels on every file it imports, so the caller compiles again; a kernel whose file
+    does not import the edited one stays cached; and since the keys are all the code was
+    compiled from, another checkout of the same sources finds the kernels compiled. On copies of
+    the package, in fresh processes, with an empty kernel cache of their own."""
     import os
     import shutil
     from pathlib import Path
@@ -313,18 +316,26 @@ def test_a_changed_callee_recompiles_its_callers(tmp_path):
         p = subprocess.run([sys.executable, "-c", STALE], capture_output=True, text=True, timeout=600,
                            env={**env, "PYTHONPATH": str(pkg)}, cwd=tmp_path)
         assert p.returncode == 0, p.stderr
-        folder, compiles, where = p.stdout.strip().split(maxsplit=2)
+        caller, callee, compiled, where = p.stdout.strip().split(maxsplit=3)
         assert where.startswith(str(pkg)), where  # the copy, not the installed package
-        return folder, int(compiles)
+        assert caller.startswith(str(tmp_path / "kernels")), caller
+        return caller, callee, set(compiled.split(",")) - {"-"}
     first = run(copy)
-    assert first[1] > 0  # an empty cache: it compiles
-    assert run(copy) == (first[0], 0)  # cached
-    assert run(other) == (first[0], 0)  # the same sources elsewhere: the same kernels
-    kernels = copy / "inferno" / "backends" / "numba" / "dense.py"
-    kernels.write_text(kernels.read_text() + "\n# an edit below pool's wrappers\n")
+    assert {"_softmax", "softmax_rows"} <= first[2]  # an empty cache: it compiles
+    assert run(copy) == (*first[:2], set())  # cached
+    assert run(other) == (*first[:2], set())  # the same sources elsewhere: the same kernels
+    numba_dir = copy / "inferno" / "backends" / "numba"
+    above = numba_dir / "ldot.py"  # pool imports it (through qkernels), dense does not
+    above.write_text(above.read_text() + "\n# an edit beside dense, below pool\n")
+    second = run(copy)
+    assert second[0] != first[0] and second[1] == first[1]
+    assert "_softmax" in second[2] and "softmax_rows" not in second[2]  # the callee loaded
+    below = numba_dir / "dense.py"
+    below.write_text(below.read_text() + "\n# an edit below pool's wrappers\n")
     third = run(copy)
-    assert third[0] != first[0] and third[1] > 0  # a new folder, compiled afresh
-    assert (tmp_path / "kernels" / first[0]).is_dir()  # the old one stays
+    assert third[0] not in (first[0], second[0]) and third[1] != first[1]
+    assert {"_softmax", "softmax_rows"} <= third[2]  # new folders, compiled afresh
+    assert Path(first[0]).is_dir() and Path(first[1]).is_dir()  # the old ones stay
 
 
 def test_the_key_names_the_target_numba_compiles_for(monkeypatch):
@@ -342,24 +353,49 @@ def test_the_key_names_the_target_numba_compiles_for(monkeypatch):
     assert jitcache.cache_key() == host
 
 
-def test_the_key_ignores_the_torch_backends(monkeypatch, tmp_path):
-    """The kernels' sources decide the key; an edit to the torch backends (which no Numba
-    kernel imports) or to a file reader beside the formats must not recompile every kernel, an
-    edit below the kernels must."""
-    formats = [f"formats/{f}" for f in jitcache.KERNEL_FORMATS]
-    for name in ("backends/base.py", "backends/numba/k.py", "backends/torch/t.py", "formats/gguf_file.py",
-                 *formats):
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text("x = 1\n")
-    monkeypatch.setattr(jitcache, "PACKAGE", tmp_path)
-    key = jitcache.cache_key()
-    for name in ("backends/torch/t.py", "formats/gguf_file.py"):
-        (tmp_path / name).write_text("x = 2\n")
-        assert jitcache.cache_key() == key
-    for name in ("backends/base.py", "backends/numba/k.py", *formats):
-        (tmp_path / name).write_text("changed = True\n")
-        assert jitcache.cache_key() != key
-        key = jitcache.cache_key()
+def test_a_files_key_reads_what_it_imports_and_nothing_else(monkeypatch, tmp_path):
+    """A kernel file's key (its folder) changes with an edit to it or to any file it imports,
+    through others, in function bodies, in parentheses over lines, relative or absolute; an
+    edit elsewhere (the torch backends, a file reader, base.py where nothing imports it) leaves
+    it. The machinery that compiles and loads kernels is in every platform key."""
+    files = {
+        "backends/numba/k.py": "from inferno.backends.numba import mid\n\ndef f():\n    import inferno.backends.numba.late\n",
+        "backends/numba/mid.py": "from inferno.formats.quant import (\n    X,\n    Y,\n)\nfrom .near import z\n",
+        "backends/numba/near.py": "z = 1\n",
+        "backends/numba/late.py": "x = 1\n",
+        "formats/quant.py": "X = Y = 1\n",
+        "formats/gguf_file.py": "x = 1\n",
+        "backends/base.py": "x = 1\n",
+        "backends/torch/t.py": "from inferno.backends.numba import k\n",
+        **{name: "x = 1\n" for name in jitcache.MACHINERY},
+    }
+    root = tmp_path / "inferno"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    monkeypatch.setattr(jitcache, "PACKAGE", root)
+
+    def key():
+        jitcache._imports.cache_clear()
+        jitcache.sources_key.cache_clear()
+        return jitcache.sources_key(str(root / "backends/numba/k.py"))
+    kernel = key()
+    assert {p.relative_to(root).as_posix() for p in jitcache.sources_of(root / "backends/numba/k.py")} == {
+        "backends/numba/k.py", "backends/numba/mid.py", "backends/numba/near.py", "backends/numba/late.py",
+        "formats/quant.py"}
+    for name in ("backends/torch/t.py", "formats/gguf_file.py", "backends/base.py"):
+        (root / name).write_text("x = 2\n")
+        assert key() == kernel
+    for name in ("backends/numba/k.py", "backends/numba/mid.py", "backends/numba/near.py",
+                 "backends/numba/late.py", "formats/quant.py"):
+        (root / name).write_text((root / name).read_text() + "changed = True\n")
+        assert key() != kernel
+        kernel = key()
+    platform = jitcache.cache_key()
+    for name in jitcache.MACHINERY:
+        (root / name).write_text("changed = True\n")
+        assert jitcache.cache_key() != platform
+        platform = jitcache.cache_key()
 
 
 def test_a_compile_is_timed_for_the_next_note(monkeypatch, tmp_path):
@@ -377,18 +413,11 @@ def test_a_compile_is_timed_for_the_next_note(monkeypatch, tmp_path):
     assert jitcache.last_compile() is None
 
 
-def test_the_kernel_key_reads_every_format_file_a_kernel_imports():
-    """An edit to a formats/ file the Numba backends import, even through another, recompiles;
-    the file readers beside them are left out of the key."""
-    from test_layers import graph
+def test_the_key_walks_the_imports_as_the_layers_test_parses_them():
+    """jitcache reads import statements with a pattern (fast, on every process's import path):
+    for every file of the package it finds the modules tests/test_layers.py's parse finds."""
+    from test_layers import graph, modules
 
-    g = graph()
-    seen, todo = set(), [m for m in g if m.startswith("inferno.backends") and not m.startswith("inferno.backends.torch")]
-    while todo:
-        m = todo.pop()
-        if m not in seen:
-            seen.add(m)
-            todo.extend(g[m])
-    used = {m.split(".")[-1] + ".py" for m in seen if m.startswith("inferno.formats.")} | {"__init__.py"}
-    assert used <= set(jitcache.KERNEL_FORMATS), used
-    assert "gguf_file.py" not in jitcache.KERNEL_FORMATS
+    files = modules()
+    for name, deps in graph().items():
+        assert set(jitcache._imports(files[name].resolve())) == {files[d].resolve() for d in deps}, name

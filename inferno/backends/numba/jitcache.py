@@ -17,16 +17,22 @@ in the process keeps Numba's own path.
 Where the cache lives (`use_keyed_cache`): Numba keys a cached kernel on its own file (its
 contents, here), not on the files it calls into, so an edit to dense.py, or a `pip install -U`
 that changes a callee's file but not its caller's, would leave the caller's machine code stale:
-wrong numbers, silently. So inferno's kernels are cached in a folder named by a hash of every
-source file of the backends and the formats, Numba's and llvmlite's versions and the CPU's name
-and features: any change below a kernel starts a new folder, and everything compiles afresh.
-Since the key says everything the code was compiled from, the folder does not depend on where
-the package sits: it is inferno's cache's kernels/<key> (INFERNO_KERNELS names another parent),
-shared by every checkout and every virtual environment of the same sources on this machine (a
-clean clone, a worktree of a release, a reinstall), with the package's own
-backends/numba/__pycache__ as the fallback where that cannot be written. Only inferno's own
-files are cached there (a locator of Numba's cache, in front of its own); NUMBA_CACHE_DIR, when
-set, wins (Numba's own keying, then).
+wrong numbers, silently. So inferno's kernels are cached in folders named by hashes of what
+they were compiled from. The folder of a platform (`cache_key`): Numba's and llvmlite's
+versions, Python's, the CPU's name and features, and the machinery that compiles, saves and
+loads the kernels (this file and compiler.py, MACHINERY). Inside it, a folder for each kernel
+file (`sources_key`): a hash of that file and of every inferno file it imports, anywhere in it,
+through any number of others (`sources_of`, the same walk as tests/test_layers.py's). A kernel
+can only run code its file reaches by importing, so an edit below a kernel starts a new folder
+for it and for every file above, which compile afresh; the files beside it keep theirs (an
+edit to ldot.py leaves the K-quants' qdot and qgemm, which never import it, cached; an edit to
+backends/base.py only the kernels that import it). Since the keys say everything the code was
+compiled from, the folders do not depend on where the package sits: inferno's cache's
+kernels/<key> (INFERNO_KERNELS names another parent), shared by every checkout and every
+virtual environment of the same sources on this machine (a clean clone, a worktree of a
+release, a reinstall), with the package's own backends/numba/__pycache__ as the fallback where
+that cannot be written. Only inferno's own files are cached there (a locator of Numba's cache,
+in front of its own); NUMBA_CACHE_DIR, when set, wins (Numba's own keying, then).
 
 A cached kernel holds its machine code (an object file) and its LLVM bitcode, kept for inlining
 into kernels compiled later. Numba parses that bitcode at every load, only to list the symbols
@@ -43,6 +49,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import sys
@@ -78,10 +85,16 @@ _told = False  # whether this process has said that it compiles
 _STALE_DAYS = 30  # kernel folders of other sources unused this long are removed
 
 
+# What compiles, saves and loads the kernels: in every kernel's key (a change may change how they
+# are compiled or read), whichever files a kernel imports.
+MACHINERY = ("backends/numba/jitcache.py", "backends/numba/compiler.py")
+
+
 def cache_key() -> str:
-    """A hash of what compiled machine code depends on: the backends' sources, Numba's and
-    llvmlite's versions, and the CPU Numba compiles for (NUMBA_CPU_NAME and NUMBA_CPU_FEATURES
-    where set, else the host's: code built for one target is never loaded for another)."""
+    """A hash of what all machine code depends on besides the kernels' own sources: Numba's and
+    llvmlite's versions, Python's, the CPU Numba compiles for (NUMBA_CPU_NAME and
+    NUMBA_CPU_FEATURES where set, else the host's: code built for one target is never loaded
+    for another), and MACHINERY's sources."""
     import llvmlite
     import llvmlite.binding as llvm
     import numba
@@ -90,13 +103,8 @@ def cache_key() -> str:
     from inferno.backends.numba.lanes import target_cpu
 
     h = hashlib.sha256()
-    # the kernels import the backends' code and the weight and cache formats, never the torch
-    # backends' (a Numba user never loads torch: tests/test_layers.py) nor the file readers
-    # beside the formats, whose edits need no recompile
-    torch_side = PACKAGE / "backends" / "torch"
-    sources = [*(PACKAGE / "backends").rglob("*.py"), *(PACKAGE / "formats" / f for f in KERNEL_FORMATS)]
-    for path in sorted(p for p in sources if torch_side not in p.parents):
-        h.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
+    for name in MACHINERY:
+        h.update(name.encode() + b"\0" + (PACKAGE / name).read_bytes())
     h.update(f"numba {numba.__version__} llvmlite {llvmlite.__version__} {sys.version_info[:2]}".encode())
     name = target_cpu()
     features = config.CPU_FEATURES if config.CPU_FEATURES is not None else llvm.get_host_cpu_features().flatten()
@@ -104,8 +112,64 @@ def cache_key() -> str:
     return h.hexdigest()[:20]
 
 
-# The files of formats/ that kernels import (tests/test_jitcache.py checks the list).
-KERNEL_FORMATS = ("__init__.py", "quant.py", "cache_types.py")
+def _module_file(name: str) -> Path | None:
+    """The file of inferno module `name` (a package's __init__.py), or None."""
+    parts = name.split(".")
+    if parts[0] != PACKAGE.name:
+        return None
+    base = PACKAGE.joinpath(*parts[1:])
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+# Import statements, read with a pattern rather than a parse (each kernel file's walk is on every
+# process's import path; ast.parse of a kernel file's closure took 80 ms): `from m import names`
+# (names in parentheses may span lines; m relative where it starts with dots) and `import m`.
+_FROM = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)", re.M)
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w.]+(?:[ \t]+as[ \t]+\w+)?(?:[ \t]*,[ \t]*[\w.]+(?:[ \t]+as[ \t]+\w+)?)*)", re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def _imports(path: Path) -> frozenset:
+    """The inferno files `path` imports, anywhere in it (a `from package import x` names the
+    module x where there is one, else the package; tests/test_jitcache.py checks the walk
+    against tests/test_layers.py's parse of every file)."""
+    text = path.read_text()
+    package = ".".join(path.relative_to(PACKAGE.parent).parts[:-1])  # (x/__init__.py's too: x)
+    found = set()
+    for dots, module, names in _FROM.findall(text):
+        if dots:
+            up = package.split(".")[: len(package.split(".")) - len(dots) + 1]
+            module = ".".join(up + ([module] if module else []))
+        for name in names.strip("()").split(","):
+            name = name.split()[0] if name.split() else ""
+            found.add(f"{module}.{name}" if name and _module_file(f"{module}.{name}") else module)
+    for modules in _IMPORT.findall(text):
+        found |= {m.split()[0] for m in modules.split(",")}
+    return frozenset(f for f in map(_module_file, found) if f is not None and f != path)
+
+
+def sources_of(py_file) -> list[Path]:
+    """`py_file` and every inferno file it imports, through any number of others, sorted."""
+    seen, todo = set(), [Path(py_file).resolve()]
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo.extend(_imports(path))
+    return sorted(seen)
+
+
+@functools.lru_cache(maxsize=None)
+def sources_key(py_file: str) -> str:
+    """A hash of `py_file`'s sources_of: names and contents (the folder of its kernels, inside
+    the platform's)."""
+    h = hashlib.sha256()
+    for path in sources_of(py_file):
+        h.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _writable(folder: Path) -> bool:
@@ -126,15 +190,22 @@ def kernel_root() -> Path:
 
 if _LOCATORS:
     class _KeyedLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
-        """Numba's cache for a kernel of inferno's: the keyed folder, then the source file's
-        folder inside the package (so two checkouts of the same sources find each other's)."""
+        """Numba's cache for a kernel of inferno's: the platform's folder, then the source file's
+        folder inside the package (so two checkouts of the same sources find each other's), then
+        the file's own, named by its sources_key."""
 
         folder: Path | None = None  # set by use_keyed_cache
 
         def __init__(self, py_func, py_file):
             self._py_file = py_file
             self._lineno = py_func.__code__.co_firstlineno
-            self._cache_path = str(self.folder / Path(py_file).resolve().parent.relative_to(PACKAGE))
+            path = Path(py_file).resolve()
+            self._cache_path = str(self.folder / path.parent.relative_to(PACKAGE)
+                                   / f"{path.stem}-{sources_key(str(path))}")
+
+        def ensure_cache_path(self):
+            super().ensure_cache_path()
+            os.utime(self._cache_path)  # in use: not stale
 
         def get_cache_path(self):
             return self._cache_path
@@ -147,8 +218,9 @@ if _LOCATORS:
 
 
 def use_keyed_cache() -> Path | None:
-    """Cache the kernels defined from now on in a folder named by cache_key() (see the module
-    docstring); that folder, or None where NUMBA_CACHE_DIR is set or no folder can be written
+    """Cache the kernels defined from now on in the folder named by cache_key(), each file's in
+    its own folder there named by sources_key() (see the module docstring); the platform's
+    folder, or None where NUMBA_CACHE_DIR is set or no folder can be written
     (Numba's default then)."""
     import numba
 
@@ -166,7 +238,8 @@ def use_keyed_cache() -> Path | None:
     else:  # a Numba without the locator list: every kernel of the process under the folder
         numba.config.CACHE_DIR = str(folder)
     cutoff = time.time() - _STALE_DAYS * 86400
-    for other in folder.parent.glob("kernels-*" if folder == beside else "*"):
+    others = [*folder.parent.glob("kernels-*" if folder == beside else "*"), *folder.glob("backends/*/*-*")]
+    for other in others:  # other platforms' folders, and kernel files' folders of other sources
         try:
             if other != folder and other.is_dir() and other.stat().st_mtime < cutoff:
                 shutil.rmtree(other, ignore_errors=True)
