@@ -1,6 +1,7 @@
 """The Numba backends: `simd` (one core, simd.py) and `pool` (its kernels on every core,
 pool.py), with their kernels grouped by concern:
 - dense float32 rows (dense.py) and flash attention (attention.py); the KV cache (kv_kernels.py);
+  float32 rows quantized to Q8_0 and Q4_0 as gguf does it (quantizers.py);
 - linears: which kernel multiplies a weight by how many rows on this CPU (dispatch.py, one
   table), float weights in one order (fdot.py), the drivers and the quantized kinds' float32
   kernels (qkernels.py), the K-quants' int8 rows and GEMM

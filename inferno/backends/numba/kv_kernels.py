@@ -40,7 +40,7 @@ from inferno.backends.numba.dense import FAST, exp_into, jit
 from inferno.backends.numba.lanes import (
     f16at, f16bits, u32at, vadd, vbf16, vf16, vfma, vi8, vload, vmul, vsplat, vstore, vsum, vzero,
 )
-from inferno.backends.numba.qkernels import quantize_q8_0
+from inferno.backends.numba.quantizers import quantize_q8_0
 
 # The cache kinds as the kernels branch on them: plain ints (codes.py says why).
 F32, F16, BF16, Q8_0 = map(int, CacheKind)

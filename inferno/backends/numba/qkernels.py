@@ -46,6 +46,7 @@ from numba.core.errors import TypingError
 from numba.extending import overload
 
 from inferno.backends.numba import dispatch, fdot, jitcache, kpanels, ldot, lgemm, qdot, qgemm
+from inferno.backends.numba.quantizers import quantize_q4_0, quantize_q8_0
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dispatch import (  # the table of which kernel runs
     F_ROW, F_TILES, K_FEW, K_GEMM, K_ROWS, L_GEMM, L_ROWS, P_GEMM, int_dot,
@@ -55,7 +56,7 @@ from inferno.backends.numba.dense import FAST
 from inferno.errors import InfernoError
 from inferno.formats.quant import QTYPES, QUANTIZERS, QuantTensor
 from inferno.backends.numba.lanes import (
-    e8m0at, f16at, f16bits, prefetch, stack_f32, u32at, vadd, vbf16, vf16, vfma, vfp4, vhalves, vi8,
+    e8m0at, f16at, prefetch, stack_f32, u32at, vadd, vbf16, vf16, vfma, vfp4, vhalves, vi8,
     vkscales, vload, vmul, vnib, vnib5, vnibhi, vsplat, vstore, vsum, vzero,
 )
 
@@ -802,59 +803,8 @@ def embed_par(kind, w, ids, out, chunks):
         embed_rows(kind, w, ids, out, chunk_start(len(ids), c, chunks, 1), chunk_start(len(ids), c + 1, chunks, 1))
 
 
-# -- quantizing float32 rows (quantize, below), bit for bit as the gguf package does ----------------
-# No fastmath here: every rounding must be the one numpy makes.
-@nb.njit(cache=True, nogil=True)
-def _put_f16(out, r, o, v):
-    bits = f16bits(v)
-    out[r, o], out[r, o + 1] = bits & 255, bits >> 8
-
-
-@nb.njit(cache=True, nogil=True)
-def quantize_q8_0(w, out, r0, r1):
-    """Q8_0 blocks of float32 rows r0..r1 of w [rows, cols] into out [rows, cols // 32 * 34]:
-    d = max|x| / 127, q = x / d rounded half away from zero (gguf's np_roundf, step by step)."""
-    q = np.empty(32, np.float32)
-    for r in range(r0, r1):
-        for b in range(w.shape[1] // 32):
-            c = 32 * b
-            amax = np.float32(0.0)
-            for i in range(32):
-                amax = max(amax, abs(w[r, c + i]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-            for i in range(32):
-                v = w[r, c + i] * inv
-                a = abs(v)
-                fl = np.floor(a)
-                q[i] = np.copysign(fl + np.floor(np.float32(2.0) * (a - fl)), v)
-            o = 34 * b
-            _put_f16(out, r, o, d)
-            for i in range(32):
-                out[r, o + 2 + i] = np.uint8(np.int8(q[i]))
-
-
-@nb.njit(cache=True, nogil=True)
-def quantize_q4_0(w, out, r0, r1):
-    """Q4_0 blocks of float32 rows r0..r1 of w [rows, cols] into out [rows, cols // 32 * 18]:
-    d = the weight of largest magnitude / -8, q = trunc(x / d + 8.5) clipped to 15."""
-    for r in range(r0, r1):
-        for b in range(w.shape[1] // 32):
-            x = w[r, 32 * b:32 * b + 32]
-            vmax, amax = np.float32(0.0), np.float32(-1.0)
-            for i in range(32):
-                if abs(x[i]) > amax:  # the first of equal magnitudes, as argmax
-                    amax, vmax = abs(x[i]), x[i]
-            d = vmax / np.float32(-8.0)
-            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-            o = 18 * b
-            _put_f16(out, r, o, d)
-            for i in range(16):
-                lo = min(np.int64(np.trunc(x[i] * inv + np.float32(8.5))), 15)
-                hi = min(np.int64(np.trunc(x[i + 16] * inv + np.float32(8.5))), 15)
-                out[r, o + 2 + i] = lo | (hi << 4)
-
-
+# -- quantizing float32 rows (quantize, below), bit for bit as the gguf package does: each row's
+# blocks by quantizers.py's kernels, the rows split across the team ---------------------------------
 @nb.njit(parallel=True, cache=True)
 def quantize_par(w, out, q8, chunks):
     """quantize_q8_0 (q8) or quantize_q4_0 over all rows, split into chunks across threads."""
