@@ -379,18 +379,18 @@ def test_a_files_key_reads_what_it_imports_and_nothing_else(monkeypatch, tmp_pat
         jitcache._imports.cache_clear()
         jitcache.sources_key.cache_clear()
         return jitcache.sources_key(str(root / "backends/numba/k.py"))
-    kernel = key()
+    kernel, every = key(), jitcache.every_kernel_key()  # (every: where Numba takes no locator)
     assert {p.relative_to(root).as_posix() for p in jitcache.sources_of(root / "backends/numba/k.py")} == {
         "backends/numba/k.py", "backends/numba/mid.py", "backends/numba/near.py", "backends/numba/late.py",
         "formats/quant.py"}
     for name in ("backends/torch/t.py", "formats/gguf_file.py", "backends/base.py"):
         (root / name).write_text("x = 2\n")
-        assert key() == kernel
+        assert key() == kernel and jitcache.every_kernel_key() == every
     for name in ("backends/numba/k.py", "backends/numba/mid.py", "backends/numba/near.py",
                  "backends/numba/late.py", "formats/quant.py"):
         (root / name).write_text((root / name).read_text() + "changed = True\n")
-        assert key() != kernel
-        kernel = key()
+        assert key() != kernel and jitcache.every_kernel_key() != every
+        kernel, every = key(), jitcache.every_kernel_key()
     platform = jitcache.cache_key()
     for name in jitcache.MACHINERY:
         (root / name).write_text("changed = True\n")

@@ -164,12 +164,22 @@ def sources_of(py_file) -> list[Path]:
 
 @functools.lru_cache(maxsize=None)
 def sources_key(py_file: str) -> str:
-    """A hash of `py_file`'s sources_of: names and contents (the folder of its kernels, inside
-    the platform's)."""
+    """A hash of `py_file`'s sources_of (the folder of its kernels, inside the platform's)."""
+    return _hash_files(sources_of(py_file))
+
+
+def _hash_files(paths) -> str:
+    """A hash of the files' names (relative to the package) and contents, in sorted order."""
     h = hashlib.sha256()
-    for path in sources_of(py_file):
+    for path in sorted(paths):
         h.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def every_kernel_key() -> str:
+    """sources_key over the numba backend's files and all they import, at once: the one folder
+    of a Numba whose cache takes no locator of ours (any edit below a kernel recompiles all)."""
+    return _hash_files({p for f in (PACKAGE / "backends" / "numba").glob("*.py") for p in sources_of(f)})
 
 
 def _writable(folder: Path) -> bool:
@@ -235,8 +245,9 @@ def use_keyed_cache() -> Path | None:
         _KeyedLocator.folder = folder
         if _KeyedLocator not in caching.CacheImpl._locator_classes:
             caching.CacheImpl._locator_classes.insert(0, _KeyedLocator)
-    else:  # a Numba without the locator list: every kernel of the process under the folder
-        numba.config.CACHE_DIR = str(folder)
+    else:  # a Numba without the locator list: every kernel of the process under one folder,
+        # keyed on every kernel file's sources at once (no file has a folder of its own here)
+        numba.config.CACHE_DIR = str(folder / f"all-{every_kernel_key()}")
     cutoff = time.time() - _STALE_DAYS * 86400
     others = [*folder.parent.glob("kernels-*" if folder == beside else "*"), *folder.glob("backends/*/*-*")]
     for other in others:  # other platforms' folders, and kernel files' folders of other sources
