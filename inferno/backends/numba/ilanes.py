@@ -668,13 +668,21 @@ zwfp4_step_signed = _panel_step("zwfp4_step_signed", MXFP4_VALUES, True,
                                 "zwnib_step through MXFP4_VALUES (-12..12): lgemm's panels.")
 
 
-@intrinsic
-def fhalf16(typingctx, f, o):
-    """16 IEEE halves at bytes f[o:o + 32] of a byte array, as float32 lanes (one vcvtph2ps)."""
-    def codegen(context, builder, sig, args):
-        h = builder.load(_address(context, builder, sig.args[0], args[0], args[1], ir.HalfType(), 16), align=1)
-        return builder.fpext(h, _VF)
-    return f32x16(f, types.intp), codegen
+def _half_load(name, result, vec, doc):
+    """An intrinsic `name`(f, o): vec's count of IEEE halves at byte o of a byte array, widened
+    to float32 lanes (one vcvtph2ps), typed `result`."""
+    def halves(typingctx, f, o):
+        def codegen(context, builder, sig, args):
+            h = builder.load(_address(context, builder, sig.args[0], args[0], args[1], ir.HalfType(), vec.count),
+                             align=1)
+            return builder.fpext(h, vec)
+        return result(f, types.intp), codegen
+    halves.__name__ = halves.__qualname__ = name
+    halves.__doc__ = doc
+    return intrinsic(halves)
+
+
+fhalf16 = _half_load("fhalf16", f32x16, _VF, "16 IEEE halves at bytes f[o:o + 32] of a byte array, as float32 lanes.")
 
 
 @intrinsic
@@ -994,10 +1002,4 @@ def iload_u8(typingctx, f, o):
     return i32x8(f, types.intp), codegen
 
 
-@intrinsic
-def fhalf8(typingctx, f, o):
-    """8 IEEE halves at bytes f[o:o + 16] of a uint8 array, as float32 lanes."""
-    def codegen(context, builder, sig, args):
-        h = builder.load(_address(context, builder, sig.args[0], args[0], args[1], ir.HalfType(), 8), align=1)
-        return builder.fpext(h, _F8)
-    return f32x8(f, types.intp), codegen
+fhalf8 = _half_load("fhalf8", f32x8, _F8, "8 IEEE halves at bytes f[o:o + 16] of a uint8 array, as float32 lanes.")
