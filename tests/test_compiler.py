@@ -1,9 +1,11 @@
-"""compiler.py: Numba's inliner and SSA reconstruction patched to do less for the same code.
+"""compiler.py: Numba's inliner, SSA reconstruction and branch pruning patched to do less for the
+same code.
 Pinned: the patches take on the Numba this project installs (or that Numba no longer does what
 they remove); functions built from inlined helpers compute as before (helpers inlined at several
 sites, in branches and loops, their variables kept apart); a callee's untyped pipeline runs once
 however many its sites; and the SSA reconstruction makes the very IR Numba's own makes, on
-functions with loops, branches and inlined helpers."""
+functions with loops, branches and inlined helpers; a literal kind's other branches are never
+typed."""
 
 from __future__ import annotations
 
@@ -166,6 +168,39 @@ def test_ssa_is_numbas_own(monkeypatch, func):
     assert pairs and any(".1" in mine for _, mine in pairs)  # (variables were renamed)
     for theirs, mine in pairs:
         assert mine == theirs
+
+
+def test_a_branch_on_a_literal_kind_is_pruned_before_typing():
+    """A kernel made for one kind (a closure's literal, as the drivers are made) types and compiles
+    no other kind's branch, in its own body or in an inlined helper's: the callees there are never
+    compiled. Each kind still computes as written."""
+    compiler.apply()
+    seven = nb.njit(lambda v: v * 7.0)
+    nine = nb.njit(lambda v: v * 9.0)
+
+    @nb.njit(inline="always")
+    def helper(kind, v):
+        if kind == 9:
+            return nine(v)
+        return v
+
+    @nb.njit
+    def body(kind, v):
+        if kind == 7:
+            return seven(v)
+        return helper(kind, v) + 1.0
+
+    def made_for(kind):
+        @nb.njit
+        def entry(v):
+            return body(kind, v)
+        return entry
+
+    assert made_for(3)(2.0) == 3.0
+    assert not seven.signatures and not nine.signatures
+    assert made_for(9)(2.0) == 19.0
+    assert not seven.signatures and nine.signatures
+    assert made_for(7)(2.0) == 14.0
 
 
 def test_a_kernel_that_misses_the_cache_applies_it_first(monkeypatch, capsys):

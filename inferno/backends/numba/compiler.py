@@ -1,5 +1,6 @@
 """Numba's compiler made to do less for the same machine code, where our kernels make it work
-for nothing: its inliner and its SSA reconstruction. `apply()` patches both, once per process;
+for nothing: its inliner, its SSA reconstruction and its branch pruning. `apply()` patches them,
+once per process;
 jitcache.py calls it when a kernel misses the cache, just before Numba compiles it (a warm load
 never imports Numba's compiler, and this would). Each part checks that Numba's own code is the
 one it was written against; where it is not, that part is left as Numba has it.
@@ -31,6 +32,16 @@ typing). Three costs came with that, each paid per inlined call site or per vari
   over as it is (a new Block of the same statements, as Numba's passes make it). The handlers
   are Numba's own and see the same statements in the same order, so the IR is the same, down
   to the names of the fresh variables.
+
+And one cost paid per kind. The drivers are made per weight or cache kind, the kind a literal
+(qkernels.py, "the drivers compiled per kind"), and the kernels branch on it (`if kind ==
+Q4_K:`). Numba's `dead_branch_prune` folds a branch on a constant but not one on an argument
+typed as a literal integer (it reads such an argument's type, not its value, and prunes only
+comparisons with None), so every kind's branches were typed and lowered, their callees compiled,
+and LLVM folded them away afterwards: an embedding's rows compiled the dequantisation of two
+kinds and the Q4_K panels' unpacking for a Q8_0 table, decode attention every cache type's
+loads. The patched function takes such an argument's value as a constant's; a branch the kind
+does not take is gone before typing. The rest of the function is Numba's own.
 
 Tests pin that the IR comes out the same (tests/test_compiler.py); the kernels' bits are
 pinned throughout the suite.
@@ -89,6 +100,24 @@ def inline_function(self, caller_ir, block, i, function, arg_typs=None):
                           arg_typs=arg_typs)
 
 
+_ARG_BRANCH = """                arg_def = guard(get_definition, func_ir, arg)
+                if isinstance(arg_def, ir.Arg):
+                    # it's an e.g. literal argument to the function
+                    resolved_const = resolve_input_arg_const(arg_def.index)
+                    prune = prune_by_type
+"""
+_LITERAL_BRANCH = """                arg_def = guard(get_definition, func_ir, arg)
+                if (isinstance(arg_def, ir.Arg)
+                        and isinstance(called_args[arg_def.index], types.IntegerLiteral)):
+                    # (inferno) an integer known at compile time: its value, as a constant's
+                    resolved_const = called_args[arg_def.index].literal_value
+                elif isinstance(arg_def, ir.Arg):
+                    # it's an e.g. literal argument to the function
+                    resolved_const = resolve_input_arg_const(arg_def.index)
+                    prune = prune_by_type
+"""
+
+
 def apply() -> bool:
     """Patch the inliner and the SSA reconstruction as the module docstring says, once; whether
     the inliner is patched (each part is left alone where Numba's code is not the one it knows)."""
@@ -96,6 +125,7 @@ def apply() -> bool:
     if _applied is None:
         _applied = _patch_inliner()
         _patch_ssa()
+        _patch_pruning()
     return _applied
 
 
@@ -122,6 +152,29 @@ def _patch_inliner() -> bool:
         new.original = old
     worker.inline_ir = patched
     worker.inline_function = inline_function
+    return True
+
+
+def _patch_pruning() -> bool:
+    """dead_branch_prune, a branch on an integer argument typed as a literal (the kind) pruned
+    as one on a constant (module docstring)."""
+    from numba.core import analysis, untyped_passes
+    if getattr(analysis.dead_branch_prune, "patched_by", None) == __name__:
+        return True
+    try:
+        body = inspect.getsource(analysis.dead_branch_prune)
+    except (OSError, TypeError):
+        return False
+    if body.count(_ARG_BRANCH) != 1 or untyped_passes.dead_branch_prune is not analysis.dead_branch_prune:
+        return False  # another Numba: leave its pruning alone
+    scope = dict(vars(analysis))
+    where = f"<numba's dead_branch_prune as {__name__} patched it>"
+    exec(compile(body.replace(_ARG_BRANCH, _LITERAL_BRANCH), where, "exec"), scope)
+    patched = scope["dead_branch_prune"]
+    patched.__doc__ = analysis.dead_branch_prune.__doc__
+    patched.patched_by = __name__
+    patched.original = analysis.dead_branch_prune
+    analysis.dead_branch_prune = untyped_passes.dead_branch_prune = patched
     return True
 
 
