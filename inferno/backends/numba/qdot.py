@@ -329,7 +329,7 @@ def k_few(ub, w, x8, r8, dx, dr, isum, out, r0, r1):
     two = dr.shape[0] > 0
     for c0 in range(r0, r1, ROWS_PER_BLOCK):
         c1 = min(c0 + ROWS_PER_BLOCK, r1)
-        b = 0
+        b = np.int64(0)  # (a literal 0 would have typed, and compiled, a pass for b = 0 as well)
         while b + 4 <= B:
             _k_pass(ub, FOUR, two, w, b, x8, r8, dx, dr, isum, out, c0, c1)
             b += 4

@@ -384,7 +384,7 @@ def passes(ub, p, units, x8, r8, dx, dr, isum, out, p0, n):
     sums need registers of their own, four (`DEEP`) or two at a time, then one."""
     B = x8.shape[0]
     two = dr.shape[0] > 0
-    b = 0
+    b = np.int64(0)  # (a literal 0 would have typed, and compiled, a pass for b = 0 as well)
     while DEEP and b + 8 <= B and not two:
         _pass(ub, EIGHT, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
         b += 8
