@@ -109,13 +109,13 @@ def test_kernels_are_found_while_other_threads_import(monkeypatch):
     import types
     from inferno.backends.numba import qkernels
     module = FakeModule()
-    module.__dict__ = ImportingMeanwhile(kernel=qkernels.embed_par, other=1)
+    module.__dict__ = ImportingMeanwhile(kernel=qkernels.quantize_par, other=1)
     modules = ImportingMeanwhile(sys.modules, **{"inferno.backends.fake": module})
     with pytest.raises(RuntimeError, match="changed size"):
         list(ImportingMeanwhile(modules).items())  # what walking the live dict does
     monkeypatch.setattr(jitcache, "sys", types.SimpleNamespace(modules=modules))
     jitcache.load_kernels_lazily()
-    assert "load_overload" in vars(qkernels.embed_par._cache)  # and the kernels have their loader
+    assert "load_overload" in vars(qkernels.quantize_par._cache)  # and the kernels have their loader
 
 
 NO_COMPILE = """

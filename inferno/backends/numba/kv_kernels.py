@@ -30,8 +30,7 @@ import numba as nb
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.core.errors import TypingError
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 from inferno.backends.numba import jitcache
 from inferno.formats.cache_types import Q8_0_BYTES, QK8_0
@@ -325,44 +324,22 @@ def most_splits(kv_lens, window, min_keys):
     return n
 
 
-def decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, job,
+@jit
+def decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, job,
                min_keys, part_acc, part_m, part_l):
     """One job of a decode step: row b, split `split` of the keys it attends
     (max(0, kv_len - window) .. kv_len - 1, cut into row_splits of them contiguous ranges of
     equal size, the last shorter; a split past them is empty), every head.
     Leaves each head's unnormalised accumulator, running max m and running sum l in part_acc
     [B, n_heads, n_splits, hd], part_m, part_l [B, n_heads, n_splits]; merge_parts combines the
-    splits. An empty split leaves m = -inf, l = 0, acc = 0. Each cache type compiles its own
-    loops (the kind a literal, as qkernels.rows_kernel does).
+    splits. An empty split leaves m = -inf, l = 0, acc = 0. `kind` is the cache type's code, a
+    literal (decode_all_for, the pool's _decode_for): each type compiles its own loops.
     `sinks` (float32 [n_heads], -inf where a head has none; base.Backend.decode_attention): head
     h's sink joins split 0 alone, as the column its keys follow (m starts at the sink, l at 1),
     so the merge counts it once per row and head. Always an array (-inf: none), so one compiled
-    kernel serves models with sinks and without."""
-    raise TypeError("decode_job runs in jitted code only")
+    kernel serves models with sinks and without.
 
-
-@overload(decode_job, prefer_literal=True, jit_options=dict(fastmath=FAST))
-def _decode_job_of(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, job,
-                   min_keys, part_acc, part_m, part_l):
-    """The literal kind's loops alone (decode_all_for, the pool's _decode_for; see
-    qkernels.rows_kernel's overload)."""
-    if isinstance(kind, types.IntegerLiteral):
-        code = kind.literal_value
-
-        def one_kind(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, job,
-                     min_keys, part_acc, part_m, part_l):
-            _decode_job(code, q, k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
-                        job, min_keys, part_acc, part_m, part_l)
-        return one_kind
-
-    raise TypingError("decode_job needs its cache kind as a compile-time constant: call "
-                      "decode_all_for (or the pool backend's _decode_for)")
-
-
-@jit
-def _decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, job,
-                min_keys, part_acc, part_m, part_l):
-    """Tile by tile of keys, head by head: the head's scores over the tile (each key slice
+    Tile by tile of keys, head by head: the head's scores over the tile (each key slice
     converted in registers and dotted with the query in 16-lane vectors), the online softmax,
     then the value rows into the head's accumulator, 16 dims at a time held in registers over
     the tile's keys (the module docstring says what this replaced)."""
@@ -446,22 +423,18 @@ def merge_parts(part_acc, part_m, part_l, out):
 
 
 @jit
-def alloc_parts(batch, n_heads, n_splits, head_dim):
-    """Scratch for the jobs: acc [batch, n_heads, n_splits, head_dim], m and l [.., n_splits]."""
+def alloc_parts(q, kv_lens, window, min_keys, head_dim):
+    """Scratch for a step's jobs: acc [B, n_heads, n_splits, head_dim], m and l [.., n_splits],
+    n_splits = most_splits (the jobs per row)."""
+    batch, n_heads, n_splits = q.shape[0], q.shape[1] // head_dim, most_splits(kv_lens, window, min_keys)
     return (np.empty((batch, n_heads, n_splits, head_dim), np.float32),
             np.empty((batch, n_heads, n_splits), np.float32),
             np.empty((batch, n_heads, n_splits), np.float32))
 
 
 @jit
-def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, min_keys):
-    """Every job of a decode step one after another, then the merge (the simd backend):
-    q [B, n_heads * head_dim] -> [B, n_heads * head_dim]."""
-    n_splits = most_splits(kv_lens, window, min_keys)
-    part_acc, part_m, part_l = alloc_parts(q.shape[0], q.shape[1] // head_dim, n_splits, head_dim)
-    for job in range(q.shape[0] * n_splits):
-        decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
-                   job, min_keys, part_acc, part_m, part_l)
+def merged(q, part_acc, part_m, part_l):
+    """The step's output (q's shape), its rows' splits merged (merge_parts)."""
     out = np.empty_like(q)
     merge_parts(part_acc, part_m, part_l, out)
     return out
@@ -469,13 +442,19 @@ def decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv
 
 @functools.cache
 def decode_all_for(kind: CacheKind):
-    """`decode_all` compiled for one cache kind alone (see qkernels.linear_for): (q, k_raw,
-    v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, min_keys)."""
-    kind = int(CacheKind(kind))  # the closure's literal
+    """Every job of a decode step one after another, then the merge (the simd backend), its
+    loops compiled for one cache kind alone (the closure's literal, as qkernels.linear_for's):
+    (q [B, n_heads * head_dim], k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads,
+    head_dim, min_keys) -> [B, n_heads * head_dim]. The caller's jobs call decode_job directly:
+    each layer of calls compiles the code below it again (Numba links its callees' code in)."""
+    kind = int(CacheKind(kind))
 
     @jit
     def decode_all_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
                         min_keys):
-        return decode_all(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads,
-                          head_dim, min_keys)
+        part_acc, part_m, part_l = alloc_parts(q, kv_lens, window, min_keys, head_dim)
+        for job in range(q.shape[0] * part_acc.shape[2]):
+            decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
+                       job, min_keys, part_acc, part_m, part_l)
+        return merged(q, part_acc, part_m, part_l)
     return jitcache.lazy(decode_all_kind)

@@ -110,27 +110,19 @@ def _flash(q, k, v, out, n_heads, n_kv_heads, head_dim, causal, window, scale, s
         A.flash_head(q, k, v, out, np.int64(h), h // group, head_dim, causal, window, scale, sinks)
 
 
-@nb.njit(parallel=True, cache=True)
-def _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, min_keys):
-    n_splits = KV.most_splits(kv_lens, window, min_keys)
-    part_acc, part_m, part_l = KV.alloc_parts(q.shape[0], q.shape[1] // head_dim, n_splits, head_dim)
-    for job in nb.prange(q.shape[0] * n_splits):  # (row, range of its keys)
-        KV.decode_job(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
-                      np.int64(job), min_keys, part_acc, part_m, part_l)  # (np.int64: see _flash)
-    out = np.empty_like(q)
-    KV.merge_parts(part_acc, part_m, part_l, out)  # on the calling thread, after the jobs
-    return out
-
-
 @functools.cache
 def _decode_for(kind: CacheKind):
-    """`_decode` for one cache kind alone (see qkernels.linear_for)."""
-    kind = int(CacheKind(kind))  # the closure's literal
+    """Decode attention on the team for one cache kind alone (its loops compiled for that kind:
+    the closure's literal, as qkernels.linear_for's)."""
+    kind = int(CacheKind(kind))
 
-    @nb.njit(cache=True, nogil=True)
+    @nb.njit(parallel=True, cache=True, nogil=True)
     def decode_kind(q, k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim, min_keys):
-        return _decode(q, k_raw, v_raw, kind, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
-                       min_keys)
+        part_acc, part_m, part_l = KV.alloc_parts(q, kv_lens, window, min_keys, head_dim)
+        for job in nb.prange(q.shape[0] * part_acc.shape[2]):  # (row, range of its keys)
+            KV.decode_job(kind, q, k_raw, v_raw, slots, kv_lens, window, scale, sinks, n_kv_heads, head_dim,
+                          np.int64(job), min_keys, part_acc, part_m, part_l)  # (np.int64: see _flash)
+        return KV.merged(q, part_acc, part_m, part_l)  # on the calling thread, after the jobs
     return jitcache.lazy(decode_kind)
 
 
@@ -297,7 +289,7 @@ class PoolBackend(SimdBackend):
             return super().embedding(table, ids)
         ids = token_ids(ids, table.shape[0])
         out = np.empty((len(ids), table.shape[1]), dtype=np.float32)  # [len(ids), hidden]
-        self._launch(Q.embed_par, int(WeightKind.of(table)), table.data, ids, out,
+        self._launch(Q.embed_for(WeightKind.of(table), True), table.data, ids, out,
                      min(self.threads, len(ids)))
         return out
 

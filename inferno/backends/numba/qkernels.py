@@ -61,6 +61,7 @@ from inferno.backends.numba.lanes import (
 )
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
+jit_par = nb.njit(parallel=True, cache=True, nogil=True, fastmath=FAST)  # the pool's: rows cut across the team
 
 # The weight kinds as the kernels branch on them: plain ints (codes.py says why).
 F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_KX8, F32, MXFP4, MXFP4X16, Q4_0X16, Q4_1X16 = map(
@@ -482,31 +483,7 @@ def linear_path(kind: int, B: int, cols: int, mode: int, legacy: bool) -> str:
     return PREFILL if way == F_TILES else ROWS
 
 
-@jit
-def legacy_row(kind, w, x, out):
-    """out [B, rows] = x [B, cols] @ w.T for a few rows (dispatch.LEGACY_FEW), x as int16 rows
-    (ldot.l_rows)."""
-    x16, dx, xs16 = ldot.quantized(x)
-    legacy_rows(kind, w, x16, dx, xs16, out, 0, w.shape[0])
-
-
-@jit
-def prefill(kind, w, x, out, tile):
-    """out = x @ w.T through dequantised tiles of `tile` rows and sgemm."""
-    scratch = np.empty(tile * x.shape[1] + x.shape[0] * tile, np.float32)
-    prefill_rows(kind, w, x, out, 0, w.shape[0], tile, scratch)
-
-
-@jit
-def rows(kind, w, x, out, mode):
-    """out = x @ w.T through the row kernels, x as int8 rows for mode 1 or 2 where the kind
-    takes them (`activations`)."""
-    xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
-    xq = activations(x, xs, mode if int_dot(kind) else 0)
-    rows_kernel(kind, w, x, xs, xq, out, 0, 0, w.shape[0])
-
-
-# -- parallel drivers (the pool backend): one launch, rows split across Numba's OpenMP team ----------
+# -- the pool backend's launches: rows split across Numba's OpenMP team ------------------------------
 @nb.njit(cache=True, nogil=True, inline="always")
 def chunk_start(n, c, chunks, align):
     """Start of chunk c of `chunks` over n rows, on a multiple of `align` (c == chunks: n); the
@@ -544,46 +521,6 @@ def quantized_par(x, chunks):
     for c in nb.prange(chunks):
         ldot.quantize_rows(x, x16, dx, xs, chunk_start(B, c, chunks, 1), chunk_start(B, c + 1, chunks, 1))
     return x16, dx, xs
-
-
-@nb.njit(parallel=True, cache=True, fastmath=FAST)
-def legacy_gemm_par(kind, w, x16, dx, xs, out, chunks):
-    """legacy_gemm over all of w's rows, split into `chunks` ranges of whole passes (PASS_ROWS),
-    each on a thread of the team."""
-    rows = w.shape[0]
-    for c in nb.prange(chunks):
-        legacy_gemm(kind, w, x16, dx, xs, out, chunk_start(rows, c, chunks, PASS_ROWS),
-                    chunk_start(rows, c + 1, chunks, PASS_ROWS))
-
-
-@nb.njit(parallel=True, cache=True, fastmath=FAST)
-def legacy_row_par(kind, w, x, out, chunks):
-    """`legacy_row`, w's rows split into `chunks` ranges, each on a thread of the team."""
-    n = w.shape[0]
-    x16, dx, xs16 = ldot.quantized(x)
-    for c in nb.prange(chunks):
-        legacy_rows(kind, w, x16, dx, xs16, out, chunk_start(n, c, chunks, 8), chunk_start(n, c + 1, chunks, 8))
-
-
-@nb.njit(parallel=True, cache=True, fastmath=FAST)
-def prefill_par(kind, w, x, out, tile, chunks):
-    """`prefill`, w's tiles split into `chunks` ranges, each with its own scratch."""
-    n = w.shape[0]
-    tiles = (n + tile - 1) // tile
-    scratch = np.empty((chunks, tile * x.shape[1] + x.shape[0] * tile), np.float32)  # one per thread
-    for c in nb.prange(chunks):
-        t0, t1 = chunk_start(tiles, c, chunks, 1), chunk_start(tiles, c + 1, chunks, 1)
-        prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, n), tile, scratch[c])
-
-
-@nb.njit(parallel=True, cache=True, fastmath=FAST)
-def rows_par(kind, w, x, out, mode, chunks):
-    """`rows`, w's rows split into `chunks` ranges (whole panels of qgemm's where they fit)."""
-    n = w.shape[0]
-    xs, xq = activations_par(x, mode if int_dot(kind) else 0, chunks)
-    for c in nb.prange(chunks):
-        rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(n, c, chunks, qgemm.ROWS),
-                    chunk_start(n, c + 1, chunks, qgemm.ROWS))
 
 
 # How a weight of linear_many takes x: a legacy kind that takes int16 rows as l_rows does
@@ -666,38 +603,58 @@ _legacy_kinds_only(legacy_gemm, lgemm.l_gemm)
 @functools.cache
 def _path_entry(path: str, kind: int, parallel: bool):
     """The driver of `path` for `kind` (on the team where `parallel`), compiled apart: a closure
-    over the kind alone (see above; the drivers are globals, as the cache's key needs them)."""
+    over the kind alone (see above). Each calls the kernels itself: a driver between it and them
+    would have compiled their machine code once more (Numba links a callee's code into each
+    caller's and optimizes and emits it again there; bench/RESULTS.md, "Fewer layers")."""
     if path == LEGACY_GEMM:
         return legacy_gemm_par_for(kind) if parallel else legacy_gemm_for(kind)
     if path == LEGACY_ROW and parallel:
-        @jit
+        @jit_par
         def legacy_row_par_kind(w, x, out, chunks):
-            legacy_row_par(kind, w, x, out, chunks)
+            n = w.shape[0]
+            x16, dx, xs16 = ldot.quantized(x)
+            for c in nb.prange(chunks):
+                ldot.l_rows(kind, w, x16, dx, xs16, out, chunk_start(n, c, chunks, 8),
+                            chunk_start(n, c + 1, chunks, 8))
         return jitcache.lazy(legacy_row_par_kind)
-    if path == LEGACY_ROW:
+    if path == LEGACY_ROW:  # a few rows (dispatch.LEGACY_FEW), x as int16 rows
         @jit
         def legacy_row_kind(w, x, out):
-            legacy_row(kind, w, x, out)
+            x16, dx, xs16 = ldot.quantized(x)
+            ldot.l_rows(kind, w, x16, dx, xs16, out, 0, w.shape[0])
         return jitcache.lazy(legacy_row_kind)
-    if path == PREFILL and parallel:
-        @jit
+    if path == PREFILL and parallel:  # w's tiles split into `chunks` ranges, each with its scratch
+        @jit_par
         def prefill_par_kind(w, x, out, tile, chunks):
-            prefill_par(kind, w, x, out, tile, chunks)
+            n = w.shape[0]
+            tiles = (n + tile - 1) // tile
+            scratch = np.empty((chunks, tile * x.shape[1] + x.shape[0] * tile), np.float32)  # one per thread
+            for c in nb.prange(chunks):
+                t0, t1 = chunk_start(tiles, c, chunks, 1), chunk_start(tiles, c + 1, chunks, 1)
+                prefill_rows(kind, w, x, out, t0 * tile, min(t1 * tile, n), tile, scratch[c])
         return jitcache.lazy(prefill_par_kind)
-    if path == PREFILL:
+    if path == PREFILL:  # dequantised tiles of `tile` rows and sgemm
         @jit
         def prefill_kind(w, x, out, tile):
-            prefill(kind, w, x, out, tile)
+            scratch = np.empty(tile * x.shape[1] + x.shape[0] * tile, np.float32)
+            prefill_rows(kind, w, x, out, 0, w.shape[0], tile, scratch)
         return jitcache.lazy(prefill_kind)
-    if parallel:
-        @jit
+    mode_of = int_dot(kind)  # the row kernels take x as int8 rows for mode 1 or 2 if the kind can
+    if parallel:  # whole panels of qgemm's in a range where they fit
+        @jit_par
         def rows_par_kind(w, x, out, mode, chunks):
-            rows_par(kind, w, x, out, mode, chunks)
+            n = w.shape[0]
+            xs, xq = activations_par(x, mode if mode_of else 0, chunks)
+            for c in nb.prange(chunks):
+                rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(n, c, chunks, qgemm.ROWS),
+                            chunk_start(n, c + 1, chunks, qgemm.ROWS))
         return jitcache.lazy(rows_par_kind)
 
     @jit
     def rows_kind(w, x, out, mode):
-        rows(kind, w, x, out, mode)
+        xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+        xq = activations(x, xs, mode if mode_of else 0)
+        rows_kernel(kind, w, x, xs, xq, out, 0, 0, w.shape[0])
     return jitcache.lazy(rows_kind)
 
 
@@ -782,25 +739,43 @@ def legacy_gemm_for(kind: WeightKind):
 
     @jit
     def legacy_gemm_kind(w, x16, dx, xs, out):
-        legacy_gemm(kind, w, x16, dx, xs, out, 0, w.shape[0])
+        lgemm.l_gemm(kind, w, x16, dx, xs, out, 0, w.shape[0])
     return jitcache.lazy(legacy_gemm_kind)
 
 
 @functools.cache
 def legacy_gemm_par_for(kind: WeightKind):
-    """`legacy_gemm_for`, the rows split across the team: (w, x16, dx, xs, out, chunks)."""
+    """`legacy_gemm_for`, the rows split into `chunks` ranges of whole passes (PASS_ROWS), each on
+    a thread of the team: (w, x16, dx, xs, out, chunks)."""
     kind = int(WeightKind(kind))
 
-    @jit
+    @jit_par
     def legacy_gemm_par_kind(w, x16, dx, xs, out, chunks):
-        legacy_gemm_par(kind, w, x16, dx, xs, out, chunks)
+        rows = w.shape[0]
+        for c in nb.prange(chunks):
+            lgemm.l_gemm(kind, w, x16, dx, xs, out, chunk_start(rows, c, chunks, PASS_ROWS),
+                         chunk_start(rows, c + 1, chunks, PASS_ROWS))
     return jitcache.lazy(legacy_gemm_par_kind)
 
 
-@nb.njit(parallel=True, cache=True, fastmath=FAST)
-def embed_par(kind, w, ids, out, chunks):
-    for c in nb.prange(chunks):
-        embed_rows(kind, w, ids, out, chunk_start(len(ids), c, chunks, 1), chunk_start(len(ids), c + 1, chunks, 1))
+@functools.cache
+def embed_for(kind: WeightKind, parallel: bool):
+    """Rows of a table of one kind as float32, out[i] = row ids[i] (embed_rows), compiled for that
+    kind alone: (w, ids, out), or on the team where `parallel`, (w, ids, out, chunks). (With the
+    kind an argument, every kind's dequantisation compiled: 2 s of the first answer.)"""
+    kind = int(WeightKind(kind))
+    if parallel:
+        @jit_par
+        def embed_par_kind(w, ids, out, chunks):
+            for c in nb.prange(chunks):
+                embed_rows(kind, w, ids, out, chunk_start(len(ids), c, chunks, 1),
+                           chunk_start(len(ids), c + 1, chunks, 1))
+        return jitcache.lazy(embed_par_kind)
+
+    @jit
+    def embed_kind(w, ids, out):
+        embed_rows(kind, w, ids, out, 0, len(ids))
+    return jitcache.lazy(embed_kind)
 
 
 # -- quantizing float32 rows (quantize, below), bit for bit as the gguf package does: each row's

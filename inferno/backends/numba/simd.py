@@ -280,7 +280,7 @@ class SimdBackend(Backend):
             return super().embedding(table, ids)
         ids = token_ids(ids, table.shape[0])
         out = np.empty((len(ids), table.shape[1]), dtype=np.float32)  # [len(ids), hidden]
-        Q.embed_rows(int(WeightKind.of(table)), table.data, ids, out, 0, len(ids))
+        Q.embed_for(WeightKind.of(table), False)(table.data, ids, out)
         return out
 
     def rms_norm(self, x, w, eps: float):
