@@ -48,8 +48,10 @@ def cold(tree: Path, kinds: str) -> dict:
     """{kind: (serial s, parallel s)} compiled by `tree`'s inferno into an empty kernel folder."""
     with tempfile.TemporaryDirectory(prefix="inferno-kernels-") as folder:
         env = dict(os.environ, INFERNO_KERNELS=folder, PYTHONPATH=str(tree))
+        # (in the tree: `-c` puts the working folder before PYTHONPATH, and run from another
+        # checkout it imported that checkout's inferno)
         run = subprocess.run([sys.executable, "-c", _ONE, kinds, str(HERE / "tests")], env=env,
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True, check=True, cwd=tree)
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 

@@ -5,6 +5,8 @@ next turns, a long prompt, batched requests) in a fresh process, with the kernel
     python bench/first_run.py                  # the default model on pool, one round
     python bench/first_run.py -r 3 --early     # three rounds; --early: the later paths also
                                                # at once, before the helper is done
+    python bench/first_run.py --tree /tmp/b/base   # another checkout (a worktree of an earlier
+                                               # commit), its own code in every process
 
 Each round uses a new empty folder as INFERNO_KERNELS (the model itself must be fetched
 already: `inferno pull smollm2-135m`).
@@ -61,18 +63,18 @@ print(json.dumps(out))
 """
 
 
-def timed(cmd: list[str], env: dict) -> tuple[float, str]:
+def timed(cmd: list[str], env: dict, tree: Path) -> tuple[float, str]:
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
     if p.returncode != 0:
         sys.exit(p.stderr)
     return time.perf_counter() - t0, p.stderr
 
 
-def later(model: str, backend: str, env: dict) -> dict:
+def later(model: str, backend: str, env: dict, tree: Path) -> dict:
     readme = str(Path(__file__).resolve().parents[1] / "README.md")
     script = LATER.format(model=model, backend=backend, prompt=PROMPT, readme=readme)
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tree)
     if p.returncode != 0:
         sys.exit(p.stderr)
     return json.loads(p.stdout.splitlines()[-1])
@@ -88,24 +90,31 @@ def main() -> None:
     ap.add_argument("--backend", "-b", default="pool")
     ap.add_argument("--rounds", "-r", type=int, default=1)
     ap.add_argument("--early", action="store_true", help="also run the later paths before the helper is done")
+    ap.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1],
+                    help="the checkout to run (default: this one)")
     args = ap.parse_args()
+    # Its processes run in the tree, with it first on their path: `python -m` and `-c` put the
+    # working folder before PYTHONPATH, so a tree named on PYTHONPATH alone, run from another
+    # checkout, ran that checkout's code (bench/RESULTS.md, "Fewer layers").
+    tree = args.tree.resolve()
     cmd = [sys.executable, "-m", "inferno", "generate", "-m", args.model, "-b", args.backend, "-t", "0",
            "--prompt", PROMPT]
     for r in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="inferno-kernels-") as kernels:
-            env = {**os.environ, "INFERNO_KERNELS": kernels}
-            wall, err = timed(cmd, env)
+            env = {**os.environ, "INFERNO_KERNELS": kernels,
+                   "PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))}
+            wall, err = timed(cmd, env, tree)
             load = re.search(r"load: ([0-9.]+) s", err)
             print(f"round {r + 1}: first answer {wall:.1f} s wall (load {load.group(1) if load else '?'} s)")
             if args.early:
-                print("  at once:", json.dumps(later(args.model, args.backend, env)))
+                print("  at once:", json.dumps(later(args.model, args.backend, env, tree)))
             while not list(Path(kernels).glob("*/ahead/*.rest")):
                 time.sleep(0.5)
             for line in helper_log(Path(kernels)):
                 print("  helper:", line.split(" on ", 1)[1])
-            wall, _ = timed(cmd, env)
+            wall, _ = timed(cmd, env, tree)
             print(f"  the same command again: {wall:.2f} s wall")
-            print("  later, fresh process:", json.dumps(later(args.model, args.backend, env)))
+            print("  later, fresh process:", json.dumps(later(args.model, args.backend, env, tree)))
 
 
 if __name__ == "__main__":

@@ -613,15 +613,16 @@ def _path_entry(path: str, kind: int, parallel: bool):
         def legacy_row_par_kind(w, x, out, chunks):
             n = w.shape[0]
             x16, dx, xs16 = ldot.quantized(x)
+            o = out[:, 0:]  # (typed as linear_many's `piece` slices it: one compile of the kernels for both)
             for c in nb.prange(chunks):
-                ldot.l_rows(kind, w, x16, dx, xs16, out, chunk_start(n, c, chunks, 8),
+                ldot.l_rows(kind, w, x16, dx, xs16, o, chunk_start(n, c, chunks, 8),
                             chunk_start(n, c + 1, chunks, 8))
         return jitcache.lazy(legacy_row_par_kind)
     if path == LEGACY_ROW:  # a few rows (dispatch.LEGACY_FEW), x as int16 rows
         @jit
         def legacy_row_kind(w, x, out):
             x16, dx, xs16 = ldot.quantized(x)
-            ldot.l_rows(kind, w, x16, dx, xs16, out, 0, w.shape[0])
+            ldot.l_rows(kind, w, x16, dx, xs16, out[:, 0:], 0, w.shape[0])  # (as above)
         return jitcache.lazy(legacy_row_kind)
     if path == PREFILL and parallel:  # w's tiles split into `chunks` ranges, each with its scratch
         @jit_par
