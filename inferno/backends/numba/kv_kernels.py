@@ -160,6 +160,29 @@ def read_rows(raw, kind, slot, start, out):
     load_rows(raw, kind, slot, start, out.shape[0], 0, out.shape[1], out)
 
 
+@functools.cache
+def cache_ops_for(kind: CacheKind):
+    """write_rows, write_scattered and read_rows for one cache type alone, each compiling that
+    type's branch only (the closures' literal; compiler.py prunes the others): (write(rows, raw,
+    slot, start), scatter(rows, raw, slots, positions) -> write_scattered's, read(raw, slot,
+    start, out)). (With the type an argument, every type's conversions compiled, Q8_0's quantizer
+    among them: 1-1.5 s of a first run.)"""
+    kind = int(CacheKind(kind))
+
+    @exact
+    def write_kind(rows, raw, slot, start):
+        write_rows(rows, raw, kind, slot, start)
+
+    @exact
+    def scatter_kind(rows, raw, slots, positions):
+        return write_scattered(rows, raw, kind, slots, positions)
+
+    @jit
+    def read_kind(raw, slot, start, out):
+        read_rows(raw, kind, slot, start, out)
+    return jitcache.lazy(write_kind), jitcache.lazy(scatter_kind), jitcache.lazy(read_kind)
+
+
 # -- batched decode attention ---------------------------------------------------------------------
 # Keys per tile in decode. A tile's rows come from DRAM once and stay in L1/L2 while every query
 # head of the step reads its KV head's slice of them (GQA: group heads share a slice).
