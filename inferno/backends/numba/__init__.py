@@ -11,4 +11,5 @@ pool.py), with their kernels grouped by concern:
 - the weight and cache kinds as the kernels branch on them (codes.py), vector lanes (lanes.py,
   ilanes.py);
 - the runtime they sit on: BLAS (blas.py), the kernel cache (jitcache.py), the free cores
-  (contention.py), Numba's inliner and SSA made to do less for the same code (compiler.py)."""
+  (contention.py), Numba's inliner, SSA and branch pruning made to do less for the same code
+  (compiler.py)."""
