@@ -119,8 +119,9 @@ _LITERAL_BRANCH = """                arg_def = guard(get_definition, func_ir, ar
 
 
 def apply() -> bool:
-    """Patch the inliner and the SSA reconstruction as the module docstring says, once; whether
-    the inliner is patched (each part is left alone where Numba's code is not the one it knows)."""
+    """Patch the inliner, the SSA reconstruction and the branch pruning as the module docstring
+    says, once; whether the inliner is patched (each part is left alone where Numba's code is not
+    the one it knows)."""
     global _applied
     if _applied is None:
         _applied = _patch_inliner()

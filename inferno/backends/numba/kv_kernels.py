@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import numba as nb
 import numpy as np
@@ -160,13 +161,18 @@ def read_rows(raw, kind, slot, start, out):
     load_rows(raw, kind, slot, start, out.shape[0], 0, out.shape[1], out)
 
 
+class CacheOps(NamedTuple):
+    write: object  # (rows, raw, slot, start): write_rows
+    scatter: object  # (rows, raw, slots, positions) -> write_scattered's answer
+    read: object  # (raw, slot, start, out): read_rows
+
+
 @functools.cache
-def cache_ops_for(kind: CacheKind):
+def cache_ops_for(kind: CacheKind) -> CacheOps:
     """write_rows, write_scattered and read_rows for one cache type alone, each compiling that
-    type's branch only (the closures' literal; compiler.py prunes the others): (write(rows, raw,
-    slot, start), scatter(rows, raw, slots, positions) -> write_scattered's, read(raw, slot,
-    start, out)). (With the type an argument, every type's conversions compiled, Q8_0's quantizer
-    among them: 1-1.5 s of a first run.)"""
+    type's branch only (the closures' literal; compiler.py prunes the others). (With the type an
+    argument, every type's conversions compiled, Q8_0's quantizer among them: 1-1.5 s of a first
+    run.)"""
     kind = int(CacheKind(kind))
 
     @exact
@@ -180,7 +186,7 @@ def cache_ops_for(kind: CacheKind):
     @jit
     def read_kind(raw, slot, start, out):
         read_rows(raw, kind, slot, start, out)
-    return jitcache.lazy(write_kind), jitcache.lazy(scatter_kind), jitcache.lazy(read_kind)
+    return CacheOps(jitcache.lazy(write_kind), jitcache.lazy(scatter_kind), jitcache.lazy(read_kind))
 
 
 # -- batched decode attention ---------------------------------------------------------------------

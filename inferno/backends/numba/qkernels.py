@@ -640,12 +640,12 @@ def _path_entry(path: str, kind: int, parallel: bool):
             scratch = np.empty(tile * x.shape[1] + x.shape[0] * tile, np.float32)
             prefill_rows(kind, w, x, out, 0, w.shape[0], tile, scratch)
         return jitcache.lazy(prefill_kind)
-    mode_of = int_dot(kind)  # the row kernels take x as int8 rows for mode 1 or 2 if the kind can
+    int8 = int_dot(kind)  # the row kernels take x as int8 rows for mode 1 or 2 if the kind can
     if parallel:  # whole panels of qgemm's in a range where they fit
         @jit_par
         def rows_par_kind(w, x, out, mode, chunks):
             n = w.shape[0]
-            xs, xq = activations_par(x, mode if mode_of else 0, chunks)
+            xs, xq = activations_par(x, mode if int8 else 0, chunks)
             for c in nb.prange(chunks):
                 rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(n, c, chunks, qgemm.ROWS),
                             chunk_start(n, c + 1, chunks, qgemm.ROWS))
@@ -654,7 +654,7 @@ def _path_entry(path: str, kind: int, parallel: bool):
     @jit
     def rows_kind(w, x, out, mode):
         xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
-        xq = activations(x, xs, mode if mode_of else 0)
+        xq = activations(x, xs, mode if int8 else 0)
         rows_kernel(kind, w, x, xs, xq, out, 0, 0, w.shape[0])
     return jitcache.lazy(rows_kind)
 

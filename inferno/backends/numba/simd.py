@@ -316,7 +316,7 @@ class SimdBackend(Backend):
     # -- the KV cache ---------------------------------------------------------------------------
     def write_kv(self, buf, slot: int, start: int, rows) -> None:
         check_rows(buf, slot, start, start + rows.shape[0], rows.shape[1])
-        KV.cache_ops_for(CacheKind.of(buf))[0](contiguous(rows), buf.view(np.uint8), int(slot), int(start))
+        KV.cache_ops_for(CacheKind.of(buf)).write(contiguous(rows), buf.view(np.uint8), int(slot), int(start))
 
     def write_kv_rows(self, buf, slots, positions, rows) -> None:
         slots = np.ascontiguousarray(slots, dtype=np.int64)
@@ -326,7 +326,7 @@ class SimdBackend(Backend):
             raise ValueError(f"{n} rows need {n} slots and positions, got {slots.shape} and {positions.shape}")
         if width != cache_types.width_of(buf):
             raise ValueError(f"rows of {width} features do not fit a cache of {cache_types.width_of(buf)}")
-        bad = KV.cache_ops_for(CacheKind.of(buf))[1](contiguous(rows), buf.view(np.uint8), slots, positions)
+        bad = KV.cache_ops_for(CacheKind.of(buf)).scatter(contiguous(rows), buf.view(np.uint8), slots, positions)
         if bad >= 0:
             raise ValueError(f"slot {slots[bad]}, position {positions[bad]} is outside the cache "
                              f"({buf.shape[0]} slots of {buf.shape[1]} positions)")
@@ -334,7 +334,7 @@ class SimdBackend(Backend):
     def read_kv(self, buf, slot: int, start: int, stop: int):
         check_rows(buf, slot, start, stop)
         out = np.empty((stop - start, cache_types.width_of(buf)), np.float32)  # [stop - start, width]
-        KV.cache_ops_for(CacheKind.of(buf))[2](buf.view(np.uint8), int(slot), int(start), out)
+        KV.cache_ops_for(CacheKind.of(buf)).read(buf.view(np.uint8), int(slot), int(start), out)
         return out
 
     # -- attention ------------------------------------------------------------------------------
