@@ -61,6 +61,8 @@ def main() -> None:
     ap.add_argument("-r", "--rounds", type=int, default=1)
     ap.add_argument("--base", type=Path, help="another checkout to time in each round first")
     args = ap.parse_args()
+    if args.base and not (args.base / "inferno" / "__init__.py").is_file():
+        ap.error(f"--base {args.base}: no checkout of inferno there (no inferno/__init__.py)")
     trees = ([("base", args.base)] if args.base else []) + [("this", HERE)]
     for r in range(args.rounds):
         for label, tree in trees:

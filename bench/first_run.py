@@ -97,6 +97,8 @@ def main() -> None:
     # working folder before PYTHONPATH, so a tree named on PYTHONPATH alone, run from another
     # checkout, ran that checkout's code (bench/RESULTS.md, "Fewer layers").
     tree = args.tree.resolve()
+    if not (tree / "inferno" / "__init__.py").is_file():
+        ap.error(f"--tree {args.tree}: no checkout of inferno there (no inferno/__init__.py)")
     cmd = [sys.executable, "-m", "inferno", "generate", "-m", args.model, "-b", args.backend, "-t", "0",
            "--prompt", PROMPT]
     for r in range(args.rounds):
