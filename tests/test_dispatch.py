@@ -81,6 +81,7 @@ def test_the_thresholds_follow_the_cpu():
         assert (GEMM_MIN, GEMM_MIN_COLS) == (32, 1024)
         code = int(WeightKind["Q4_K"])
         assert dispatch.kernel_name(code, 512, NARROW, 1, False) == "qdot.k_few"
+    assert GEMM_MIN >= qgemm.GEMM_ROWS_MIN  # the panels' passes need that many rows
 
 
 def test_activation_modes():

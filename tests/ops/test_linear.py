@@ -151,12 +151,13 @@ def test_int8_rows_do_not_depend_on_their_batch(backend, name, outliers, monkeyp
 @pytest.mark.backends("simd")
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("outliers", [False, True])
-@pytest.mark.parametrize("batch", [1, 2, 7, 8, 9, 63, 64, 65, 511])
+@pytest.mark.parametrize("batch", [8, 9, 12, 13, 63, 64, 65, 511])
 @pytest.mark.parametrize("rows,blocks", [(1, 1), (9, 1), (16, 2), (33, 7)])
 def test_int8_gemm_on_panels(backend, name, outliers, batch, rows, blocks):
-    """qgemm.k_gemm, called directly on every row count (tile edges: passes of eight where the
-    machine has 32 vector registers, four, two and one activation rows, panels of sixteen weight
-    rows with a short last one), one super-block
+    """qgemm.k_gemm, called directly on row counts from its least (tile edges: passes of eight
+    where the machine has 32 vector registers, else four, and two with remainder rows; a tail
+    taken by a pass over some rows again; panels of sixteen weight rows with a short last one),
+    one super-block
     and many: within int8 rounding of the dequantised product, and within float32 rounding of
     qdot's kernels on the same int8 rows (the integers summed are the same)."""
     from inferno.backends.numba import qdot, qgemm
@@ -427,6 +428,21 @@ def test_legacy_panels_only_where_they_fit(backend):
     assert type(backend.experts_weight(random_blocks("MXFP4", 64, 64), 8)) is not lpanels.LegacyPanels
     assert type(backend.linear_weight(random_blocks("Q4_0", 40, 64))) is not lpanels.LegacyPanels
     assert type(backend.weight(random_blocks("MXFP4", 64, 64))) is not lpanels.LegacyPanels
+
+
+@pytest.mark.backends("simd")
+@pytest.mark.parametrize("outliers", [False, True])
+def test_int8_gemm_refuses_fewer_rows_than_a_pass(backend, outliers):
+    """Its passes would read past the activations: fewer rows are qdot.k_few's (the table never
+    sends them: dispatch.GEMM_MIN)."""
+    from inferno.backends.numba import kpanels, qdot, qgemm
+    w = random_blocks("Q4_K", 16, 256, seed=3, readonly=True)
+    x = np.random.default_rng(1).standard_normal((qgemm.GEMM_ROWS_MIN - 1, 256), dtype=np.float32)
+    got = np.zeros((x.shape[0], 16), np.float32)
+    with pytest.raises(ValueError, match="GEMM_ROWS_MIN"):
+        kernel_call(qgemm.k_gemm, qdot.Q4_K_BYTES, sliced=True)(w.data, qdot.quantize(x, outliers), got, 0, 16)
+    with pytest.raises(ValueError, match="GEMM_ROWS_MIN"):
+        kernel_call(kpanels.p_gemm, sliced=True)(kpanels.repack(w).data, qdot.quantize(x, outliers), got, 0, 16)
 
 
 @pytest.mark.backends("simd")

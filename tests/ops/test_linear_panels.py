@@ -63,16 +63,17 @@ def reference_kernels(w, x, two):
 
 
 @pytest.mark.parametrize("r0,r1", RANGES)
-@pytest.mark.parametrize("batch", [1, 2, 3, 4, 5, 17, 33])
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 5, 9, 17, 33])
 @pytest.mark.parametrize("two", [False, True])
 def test_panel_kernels_on_every_row_range(r0, r1, batch, two):
-    from inferno.backends.numba import kpanels
+    """p_rows on every batch, p_gemm from its least (qgemm.GEMM_ROWS_MIN)."""
+    from inferno.backends.numba import kpanels, qgemm
     w, p = panels(512, 2, seed=batch)
     x = np.random.default_rng(batch).standard_normal((batch, w.shape[1]), dtype=np.float32)
     x[0, :256] = 0.0  # a zero unit: dx = 0
     xq, few = reference_kernels(w, x, two)
     scale = np.abs(x) @ np.abs(w.dequantize()).T
-    for kernel in (kpanels.p_rows, kpanels.p_gemm):
+    for kernel in (kpanels.p_rows, kpanels.p_gemm)[:2 if batch >= qgemm.GEMM_ROWS_MIN else 1]:
         got = np.full((batch, 512), np.nan, np.float32)
         kernel_call(kernel, sliced=True)(p.data, xq, got, r0, r1)
         assert np.isnan(got[:, :r0]).all() and np.isnan(got[:, r1:]).all(), kernel  # only its rows
@@ -82,7 +83,7 @@ def test_panel_kernels_on_every_row_range(r0, r1, batch, two):
 
 
 @pytest.mark.parametrize("blocks", [1, 3, 16])
-@pytest.mark.parametrize("batch", [1, 2, 7, 8, 9, 63, 64, 65])
+@pytest.mark.parametrize("batch", [8, 9, 12, 13, 63, 64, 65])
 def test_panel_gemm_on_one_super_block_and_many(blocks, batch):
     from inferno.backends.numba import kpanels
     w, p = panels(40, blocks, seed=blocks)

@@ -143,7 +143,7 @@ def _part(kind, w, x, xs, xq, lx, out, c, chunks, tile):
         scratch = np.empty(tile * x.shape[1] + x.shape[0] * tile, np.float32)
         prefill_rows(kind, w, x, out, r0, r1, tile, scratch)
     else:
-        rows_kernel(kind, w, x, xs, xq, out, 0, r0, r1)
+        rows_kernel(kind, w, x, xs, xq, out, np.int64(0), r0, r1)
 
 
 @jit
@@ -170,7 +170,7 @@ def _int16(k0, k1, legacy):
 @jit
 def _inputs(k0, k1, x, mode, legacy):
     xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
-    xq = activations(x, xs, mode if int_dot(k0) or int_dot(k1) else 0)
+    xq = activations(x, xs, mode if int_dot(k0) or int_dot(k1) else np.int64(0))
     return xs, xq, ldot.quantized(x) if _int16(k0, k1, legacy) else _no_int16()
 
 
@@ -181,13 +181,13 @@ def experts(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, mode, legacy):
     `legacy`: the legacy kinds take x as int16 rows (the backend's int16_legacy)."""
     xs, xq, lx = _inputs(k0, k1, x, mode, legacy)
     for job in range(ids.shape[0]):
-        _job(k0, k1, w0, w1, x, xs, xq, lx, out0, out1, starts, ids, job, 1, tile)
+        _job(k0, k1, w0, w1, x, xs, xq, lx, out0, out1, starts, ids, job, np.int64(1), tile)
 
 
 @nb.njit(parallel=True, cache=True, fastmath=FAST)
 def experts_par(k0, k1, w0, w1, x, out0, out1, starts, ids, tile, chunks, mode, legacy):
     """`experts`, each expert's rows cut into `chunks`, all the jobs in one launch."""
-    xs, xq = activations_par(x, mode if int_dot(k0) or int_dot(k1) else 0, chunks)
+    xs, xq = activations_par(x, mode if int_dot(k0) or int_dot(k1) else np.int64(0), chunks)
     lx = quantized_par(x, chunks) if _int16(k0, k1, legacy) else _no_int16()
     for job in nb.prange(ids.shape[0] * chunks):
         # (np.int64: a prange's index is unsigned inside the parallel region, signed where Numba

@@ -108,7 +108,7 @@ def quantized(x):
     x16 = np.empty((B, n), np.int16)
     dx = np.empty((B, n // 32), np.float32)
     xs = np.empty((B, n // 32), np.float32)
-    quantize_rows(x, x16, dx, xs, 0, B)
+    quantize_rows(x, x16, dx, xs, np.int64(0), B)  # (qkernels.chunk_start: why)
     return x16, dx, xs
 
 

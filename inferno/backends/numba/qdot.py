@@ -156,7 +156,7 @@ def quantize(x, two):
     """x [B, n] -> (x8, r8, dx, dr, isum) as quantize_rows writes them (r8 and dr of no rows
     unless two)."""
     x8, r8, dx, dr, isum = buffers(x.shape[0], x.shape[1], two)
-    quantize_rows(x, x8, r8, dx, dr, isum, 0, x.shape[0])
+    quantize_rows(x, x8, r8, dx, dr, isum, np.int64(0), x.shape[0])  # (qkernels.chunk_start: why)
     return x8, r8, dx, dr, isum
 
 

@@ -58,7 +58,7 @@ from inferno.backends.numba.ilanes import (
 )
 from inferno.backends.numba.lanes import f16at, vfma_exact, vload, vmul, vsplat, vstore, vzero
 from inferno.backends.numba.qdot import (
-    FOUR, NO, ONE, Q5_K_BYTES, Q6_K_BYTES, QK, SUMS, TWO_ROWS, YES, q6k_weights, remainder_scale,
+    FOUR, NO, Q5_K_BYTES, Q6_K_BYTES, QK, SUMS, TWO_ROWS, YES, q6k_weights, remainder_scale,
 )
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
@@ -78,6 +78,9 @@ WIDE = not (fast_int_dot() and _vnni())
 # panels of eight did before; eight measured slower there (bench/RESULTS.md, "Panels in zmm").
 DEEP = zmm_registers()
 EIGHT = 8
+HIGH = EIGHT if DEEP else FOUR  # rows a pass
+HIGH_TWO = FOUR if DEEP else TWO_ROWS  # rows a pass, with remainder rows
+GEMM_ROWS_MIN = HIGH  # fewer activation rows than a pass are qdot.k_few's (dispatch.GEMM_MIN is more)
 # A run of steps sums in int16 without VNNI (`step`), else in int32.
 _sums_zero = zwzero if WIDE else zizero
 
@@ -199,13 +202,15 @@ def pack(ub, w, p0, n, pq, psc, pd, pm, po, pad):
     lanes are computed and dropped."""
     f = w.reshape(-1)
     rb = w.shape[1]
-    if n == ROWS:
-        pack_rows(ub, f, p0 * rb, rb, pq, psc, pd, pm, po)
-    else:
+    src, o = f, p0 * rb
+    if n < ROWS:
         pad[:] = 0
         for i in range(n * rb):  # (a loop: a slice assignment's shape check compiles its message)
             pad[i] = f[p0 * rb + i]
-        pack_rows(ub, pad, 0, rb, pq, psc, pd, pm, po)
+        src, o = pad, np.int64(0)
+    # One call, its source typed as w (a read-only pad where w is read-only): a call for each
+    # would have compiled pack_rows and its unrolled loops twice.
+    pack_rows(ub, src, o, rb, pq, psc, pd, pm, po)
 
 
 # -- a panel against activation rows ------------------------------------------------------------------
@@ -331,7 +336,7 @@ def block_store(lanes, at, F):
 @jit
 def panel(ub, rows, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n):
     """out[b..b + rows, p0..p0 + n] = the rows of panel p (n <= 16) against activation rows
-    b..b + rows (rows 1, 2, 4 or 8 and two literals): one block of them, or two."""
+    b..b + rows (rows 2, 4 or 8 and two literals: `passes`): one block of them, or two."""
     q, sc_, d_, pm, o_ = p
     groups = 16 if ub == Q6_K_BYTES else 8
     steps = STEPS // groups
@@ -369,40 +374,42 @@ def panel(ub, rows, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n):
 
 
 @jit
-def _pass(ub, rows, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n):
-    """panel with `two` made a literal (rows already is one)."""
-    if two:
-        panel(ub, rows, YES, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
+def passes(ub, p, units, x8, r8, dx, dr, isum, out, p0, n):
+    """out[:, p0..p0 + n] = the packed panel p against every activation row (GEMM_ROWS_MIN or
+    more), in passes of `HIGH` rows, of `HIGH_TWO` with remainder rows."""
+    if x8.shape[0] < GEMM_ROWS_MIN:
+        raise ValueError("qgemm's panels take GEMM_ROWS_MIN activation rows or more: fewer are qdot.k_few's")
+    if dr.shape[0] > 0:
+        _passes(ub, HIGH_TWO, HIGH_TWO, YES, p, units, x8, r8, dx, dr, isum, out, p0, n)
     else:
-        panel(ub, rows, NO, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
+        _passes(ub, HIGH, FOUR, NO, p, units, x8, r8, dx, dr, isum, out, p0, n)
 
 
 @jit
-def passes(ub, p, units, x8, r8, dx, dr, isum, out, p0, n):
-    """out[:, p0..p0 + n] = the packed panel p against every activation row: eight at a time where
-    there are 32 vector registers (`DEEP`), four, then two, then one; with remainder rows, whose
-    sums need registers of their own, four (`DEEP`) or two at a time, then one."""
+def _passes(ub, rows, low, two, p, units, x8, r8, dx, dr, isum, out, p0, n):
+    """Passes of `rows` activation rows, then one ending at the last row, of `low` rows where
+    the tail fits in that many, else of `rows` (rows, low and two literals). That pass takes
+    some rows again: a row's sums do not depend on the rows beside it, so they are written
+    again with the same bits. Passes of one and two rows for the tails had compiled six more
+    specialisations of `panel`'s unrolled loops for the few rows a prefill's tail saves
+    (bench/RESULTS.md, "Kernels compiled once")."""
     B = x8.shape[0]
-    two = dr.shape[0] > 0
     b = np.int64(0)  # (a literal 0 would have typed, and compiled, a pass for b = 0 as well)
-    while DEEP and b + 8 <= B and not two:
-        _pass(ub, EIGHT, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
-        b += 8
-    while b + 4 <= B and (DEEP or not two):
-        _pass(ub, FOUR, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
-        b += 4
-    while b + 2 <= B:
-        _pass(ub, TWO_ROWS, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
-        b += 2
-    if b < B:
-        _pass(ub, ONE, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
+    while b + rows <= B:
+        panel(ub, rows, two, p, units, x8, r8, dx, dr, isum, out, b, p0, n)
+        b += rows
+    if b < B and B - b <= low:
+        panel(ub, low, two, p, units, x8, r8, dx, dr, isum, out, B - low, p0, n)
+    elif b < B:
+        panel(ub, rows, two, p, units, x8, r8, dx, dr, isum, out, B - rows, p0, n)
 
 
 @jit
 def k_gemm(ub, w, x8, r8, dx, dr, isum, out, r0, r1):
     """out[b, r] = w[r] . x'[b] for rows r0..r1 of w (Q4_K, Q5_K or Q6_K; ub its bytes) and every
     activation row b that qdot.quantize wrote: sixteen weight rows at a time, packed once as a
-    panel and then met by every activation row (`passes`). Same arguments as qdot.k_few."""
+    panel and then met by every activation row (`passes`), of which there are GEMM_ROWS_MIN or
+    more. Same arguments as qdot.k_few."""
     units = w.shape[1] // ub
     p = buffers(units)
     pad = np.empty(ROWS * w.shape[1], np.uint8)

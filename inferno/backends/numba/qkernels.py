@@ -172,7 +172,7 @@ def activations(x, xs, mode):
     as one or two int8 rows each (qdot.quantize; mode 0: qdot.empty(), the kernels keep
     float32)."""
     xq = activation_buffers(x, mode)
-    activation_rows(x, xs, xq, 0, x.shape[0])
+    activation_rows(x, xs, xq, np.int64(0), x.shape[0])
     return xq
 
 
@@ -487,7 +487,9 @@ def linear_path(kind: int, B: int, cols: int, mode: int, legacy: bool) -> str:
 @nb.njit(cache=True, nogil=True, inline="always")
 def chunk_start(n, c, chunks, align):
     """Start of chunk c of `chunks` over n rows, on a multiple of `align` (c == chunks: n); the
-    pool backend's kernels split their rows with it too."""
+    pool backend's kernels split their rows with it too. Row bounds reach the kernels as int64,
+    from here or as np.int64(0) on one thread: Numba hands a constant's literal type on to a
+    jitted callee, so a literal 0 would have compiled every kernel below it a second time."""
     if c >= chunks:
         return n
     return (n * c // chunks) // align * align
@@ -504,7 +506,7 @@ def activations_par(x, mode, chunks):
         for c in nb.prange(chunks):
             activation_rows(x, xs, xq, chunk_start(B, c, chunks, 1), chunk_start(B, c + 1, chunks, 1))
     else:
-        activation_rows(x, xs, xq, 0, B)
+        activation_rows(x, xs, xq, np.int64(0), B)
     return xs, xq
 
 
@@ -622,7 +624,7 @@ def _path_entry(path: str, kind: int, parallel: bool):
         @jit
         def legacy_row_kind(w, x, out):
             x16, dx, xs16 = ldot.quantized(x)
-            ldot.l_rows(kind, w, x16, dx, xs16, out[:, 0:], 0, w.shape[0])  # (as above)
+            ldot.l_rows(kind, w, x16, dx, xs16, out[:, 0:], np.int64(0), w.shape[0])  # (as above)
         return jitcache.lazy(legacy_row_kind)
     if path == PREFILL and parallel:  # w's tiles split into `chunks` ranges, each with its scratch
         @jit_par
@@ -638,24 +640,24 @@ def _path_entry(path: str, kind: int, parallel: bool):
         @jit
         def prefill_kind(w, x, out, tile):
             scratch = np.empty(tile * x.shape[1] + x.shape[0] * tile, np.float32)
-            prefill_rows(kind, w, x, out, 0, w.shape[0], tile, scratch)
+            prefill_rows(kind, w, x, out, np.int64(0), w.shape[0], tile, scratch)
         return jitcache.lazy(prefill_kind)
     int8 = int_dot(kind)  # the row kernels take x as int8 rows for mode 1 or 2 if the kind can
     if parallel:  # whole panels of qgemm's in a range where they fit
         @jit_par
         def rows_par_kind(w, x, out, mode, chunks):
             n = w.shape[0]
-            xs, xq = activations_par(x, mode if int8 else 0, chunks)
+            xs, xq = activations_par(x, mode if int8 else np.int64(0), chunks)
             for c in nb.prange(chunks):
-                rows_kernel(kind, w, x, xs, xq, out, 0, chunk_start(n, c, chunks, qgemm.ROWS),
+                rows_kernel(kind, w, x, xs, xq, out, np.int64(0), chunk_start(n, c, chunks, qgemm.ROWS),
                             chunk_start(n, c + 1, chunks, qgemm.ROWS))
         return jitcache.lazy(rows_par_kind)
 
     @jit
     def rows_kind(w, x, out, mode):
         xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
-        xq = activations(x, xs, mode if int8 else 0)
-        rows_kernel(kind, w, x, xs, xq, out, 0, 0, w.shape[0])
+        xq = activations(x, xs, mode if int8 else np.int64(0))
+        rows_kernel(kind, w, x, xs, xq, out, np.int64(0), np.int64(0), w.shape[0])
     return jitcache.lazy(rows_kind)
 
 
@@ -715,7 +717,7 @@ def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind, legacy: 
     @nb.njit(parallel=True, cache=True, fastmath=FAST)
     def linear_many_par_kinds(ws, x, out, chunks, mode):
         if rows_in:
-            xs, xq = activations_par(x, mode if int8 else 0, chunks)
+            xs, xq = activations_par(x, mode if int8 else np.int64(0), chunks)
         else:
             xs, xq = x, x  # (not read)
         if x16:
@@ -740,7 +742,7 @@ def legacy_gemm_for(kind: WeightKind):
 
     @jit
     def legacy_gemm_kind(w, x16, dx, xs, out):
-        lgemm.l_gemm(kind, w, x16, dx, xs, out, 0, w.shape[0])
+        lgemm.l_gemm(kind, w, x16, dx, xs, out, np.int64(0), w.shape[0])
     return jitcache.lazy(legacy_gemm_kind)
 
 
@@ -775,7 +777,7 @@ def embed_for(kind: WeightKind, parallel: bool):
 
     @jit
     def embed_kind(w, ids, out):
-        embed_rows(kind, w, ids, out, 0, len(ids))
+        embed_rows(kind, w, ids, out, np.int64(0), len(ids))
     return jitcache.lazy(embed_kind)
 
 
