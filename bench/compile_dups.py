@@ -78,9 +78,10 @@ def main() -> None:
 
 def _trivial(column) -> bool:
     """Whether one argument's types differ only in what changes no code worth a compile: a
-    literal against its plain type, an array's layout or read-only flag. (Different literals
-    throughout, a kind's code in each, are specialisations on purpose.)"""
-    if all(c.startswith("Literal[") for c in column):
+    literal against its plain type, an array's layout or read-only flag. (Different literals, a
+    kind's code or a kernel's in each, are specialisations on purpose.)"""
+    literals = {c for c in column if c.startswith("Literal[")}
+    if len(literals) > 1 or len(literals) == len(set(column)):
         return False
     plain = {re.sub(r"Literal\[(int|bool)\]\([^)]*\)", lambda m: "int64" if m[1] == "int" else "bool", c)
              .replace("'A'", "'C'").replace("True, aligned", "False, aligned").replace("readonly ", "") for c in column}

@@ -190,65 +190,81 @@ def activation_rows(x, xs, xq, b0, b1):
         qdot.quantize_rows(x, xq[0], xq[1], xq[2], xq[3], xq[4], b0, b1)
 
 
-def rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
+def rows_kernel(kind, way, w, x, xs, xq, out, col, r0, r1):
     """out[:, col + r0:col + r1] = x @ w[r0:r1].T for x [B, cols] (dispatch.FEW_MAX at most, unless
     the kind takes int8 rows or is a float kind), xs its group sums,
     xq its row quantized or empty (`activations`), col where this weight's outputs start, in a
-    buffer several weights share. Jitted code only (the overload below).
+    buffer several weights share, through `way`: the table's kernel (dispatch.K_ROWS ..), a
+    literal, where the caller's rows are known (the entries made per path), else ANY, the
+    kernel picked from x's rows when it runs (linear_many's pieces, the experts). Jitted code
+    only (the overload below).
 
     Each kind gets its own compiled loops: a global constant passed to a jitted function is
-    typed as a literal, so `_rows(Q8_0, ...)` compiles a copy in which every branch on the kind
+    typed as a literal, so `_float_way(Q8_0, ...)` compiles a copy in which every branch on the kind
     folds away (nb.literal_unroll over the codes did not: it compiled one int64 copy). A switch
     on the kind inside the loops cost 5-30% of the matvec and 2-3x of few_rows (bench/RESULTS.md, "Figures behind the kernels' shape")."""
     raise TypeError("rows_kernel runs in jitted code only")
 
 
+ANY = -1  # rows_kernel's way where the rows are known only when it runs
+K_BYTES = {Q4_K: Q4_K_BYTES, Q5_K: Q5_K_BYTES, Q6_K: Q6_K_BYTES}
+
+
 @overload(rows_kernel, prefer_literal=True, jit_options=dict(fastmath=FAST))
-def _rows_kernel(kind, w, x, xs, xq, out, col, r0, r1):
+def _rows_kernel(kind, way, w, x, xs, xq, out, col, r0, r1):
     """Chosen while typing, from the kind's literal value (the drivers are made per kind): its
     own loops and nothing else, so Numba types and compiles no other kind's. (A switch on a
     literal kind folds away in LLVM, but only after Numba has compiled every branch's callees:
-    the default model's first run compiled all ten kinds' loops, for two minutes.)"""
-    if isinstance(kind, types.IntegerLiteral):
-        code = kind.literal_value
-        if code == Q4_K:
-            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
-                _rows_int8(Q4_K, Q4_K_BYTES, w, x, xs, xq, out, col, r0, r1)
-        elif code == Q5_K:
-            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
-                _rows_int8(Q5_K, Q5_K_BYTES, w, x, xs, xq, out, col, r0, r1)
-        elif code == Q6_K:
-            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
-                _rows_int8(Q6_K, Q6_K_BYTES, w, x, xs, xq, out, col, r0, r1)
-        elif code == Q4_KX8:
-            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
-                _rows_panels(w, x, xq, out, col, r0, r1)
-        elif code == F16 or code == BF16 or code == F32:  # dispatch.F_DOT, whatever the rows
-            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
-                fdot.f_rows(code, w, x, out[:, col:], r0, r1)
+    the default model's first run compiled all ten kinds' loops, for two minutes.) A literal
+    way other than ANY compiles that kernel alone (the `*_way` functions' branches on it are
+    pruned before typing: compiler.py), so a first answer's one-row step does not wait for the
+    GEMM's panels."""
+    if not isinstance(kind, types.IntegerLiteral):
+        raise TypingError("rows_kernel needs its kind as a compile-time constant: call the drivers "
+                          "through linear_for, linear_par_for or linear_many_par_for")
+    code = kind.literal_value
+    fixed = way.literal_value if isinstance(way, types.IntegerLiteral) else ANY
+    if code in K_BYTES:
+        ub = K_BYTES[code]
+        if fixed == ANY:
+            def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
+                ran = dispatch.kernel(code, x.shape[0], x.shape[1], 1 if xq[0].shape[0] > 0 else 0, False)
+                _int8_way(code, ub, ran, w, x, xs, xq, out, col, r0, r1)
         else:
-            def one_kind(kind, w, x, xs, xq, out, col, r0, r1):
-                _rows(code, w, x, xs, out, col, r0, r1)
-        return one_kind
-
-    raise TypingError("rows_kernel needs its kind as a compile-time constant: call the drivers "
-                      "through linear_for, linear_par_for or linear_many_par_for")
+            def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
+                _int8_way(code, ub, fixed, w, x, xs, xq, out, col, r0, r1)
+    elif code == Q4_KX8:
+        if fixed == ANY:
+            def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
+                _panels_way(dispatch.kernel(Q4_KX8, x.shape[0], x.shape[1], 1, False), w, x, xq, out, col, r0, r1)
+        else:
+            def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
+                _panels_way(fixed, w, x, xq, out, col, r0, r1)
+    elif code == F16 or code == BF16 or code == F32:  # dispatch.F_DOT, whatever the rows
+        def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
+            fdot.f_rows(code, w, x, out[:, col:], r0, r1)
+    elif fixed == ANY:
+        def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
+            _float_way(code, dispatch.kernel(code, x.shape[0], x.shape[1], 0, False), w, x, xs, out, col, r0, r1)
+    else:
+        def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
+            _float_way(code, fixed, w, x, xs, out, col, r0, r1)
+    return one_kind
 
 
 @jit
-def _rows(kind, w, x, xs, out, col, r0, r1):
+def _float_way(kind, way, w, x, xs, out, col, r0, r1):
     """float32 activations: one row (decode) or a few (dispatch: F_ROW, F_FEW)."""
-    if dispatch.kernel(kind, x.shape[0], x.shape[1], 0, False) == F_ROW:
+    if way == F_ROW:
         matvec_rows(kind, w, x, xs, out[0, col:], r0, r1)
     else:
         few_rows(kind, w, x, xs, out[:, col:], r0, r1)
 
 
 @jit
-def _rows_int8(kind, unit_bytes, w, x, xs, xq, out, col, r0, r1):
+def _int8_way(kind, unit_bytes, way, w, x, xs, xq, out, col, r0, r1):
     """Q4_K, Q5_K or Q6_K (`unit_bytes` a literal, as qdot's kernels want it): in integers when xq
-    holds the rows quantized (dispatch: K_ROWS, K_FEW, K_GEMM), else as _rows."""
-    way = dispatch.kernel(kind, x.shape[0], x.shape[1], 1 if xq[0].shape[0] > 0 else 0, False)
+    holds the rows quantized (dispatch: K_ROWS, K_FEW, K_GEMM), else as _float_way."""
     if way == K_ROWS:
         qdot.k_rows(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[0, col:], r0, r1)
     elif way == K_GEMM:
@@ -256,16 +272,16 @@ def _rows_int8(kind, unit_bytes, w, x, xs, xq, out, col, r0, r1):
     elif way == K_FEW:
         qdot.k_few(unit_bytes, w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
     else:
-        _rows(kind, w, x, xs, out, col, r0, r1)
+        _float_way(kind, way, w, x, xs, out, col, r0, r1)
 
 
 @jit
-def _rows_panels(w, x, xq, out, col, r0, r1):
+def _panels_way(way, w, x, xq, out, col, r0, r1):
     """Q4_K in panels (kpanels.py): its int8 activations always (the backends repack only where
     they take them, and pass them; quantized here if not; dispatch: P_ROWS, P_GEMM)."""
     if xq[0].shape[0] == 0:
         xq = qdot.quantize(x, False)
-    if dispatch.kernel(Q4_KX8, x.shape[0], x.shape[1], 1, False) == P_GEMM:
+    if way == P_GEMM:
         kpanels.p_gemm(w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
     else:
         kpanels.p_rows(w, xq[0], xq[1], xq[2], xq[3], xq[4], out[:, col:], r0, r1)
@@ -471,11 +487,10 @@ def prefill_rows(kind, w, x, out, r0, r1, tile, scratch):
 LEGACY_ROW, LEGACY_GEMM, PREFILL, ROWS = "legacy_row", "legacy_gemm", "prefill", "rows"
 
 
-def linear_path(kind: int, B: int, cols: int, mode: int, legacy: bool) -> str:
-    """Which driver computes x [B, cols] @ w.T for weights of `kind`, from the kernel the table
-    picks (dispatch.kernel): lgemm's GEMM (LEGACY_GEMM), l_rows (LEGACY_ROW), dequantised tiles
-    and sgemm (PREFILL), or the row kernels, which take the rest (ROWS)."""
-    way = dispatch.kernel(kind, B, cols, mode, legacy)
+def linear_path(way: int) -> str:
+    """Which driver runs the table's kernel `way` (dispatch.kernel): lgemm's GEMM (LEGACY_GEMM),
+    l_rows (LEGACY_ROW), dequantised tiles and sgemm (PREFILL), or the row kernels, which take
+    the rest (ROWS: an entry for each way)."""
     if way == L_ROWS:
         return LEGACY_ROW
     if way == L_GEMM:
@@ -557,7 +572,7 @@ def _piece_for(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
         def impl(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
             r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
             if r0 < r1:
-                rows_kernel(code, w, x, xs, xq, out, start, r0, r1)
+                rows_kernel(code, ANY, w, x, xs, xq, out, start, r0, r1)
             return start + w.shape[0]
     return impl
 
@@ -603,9 +618,10 @@ _legacy_kinds_only(legacy_gemm, lgemm.l_gemm)
 # cache keys the entry on them, and rows_kernel's overload then types only those kinds' loops.
 # A model compiles and loads only the kinds it holds.
 @functools.cache
-def _path_entry(path: str, kind: int, parallel: bool):
+def _path_entry(path: str, kind: int, parallel: bool, way: int = ANY):
     """The driver of `path` for `kind` (on the team where `parallel`), compiled apart: a closure
-    over the kind alone (see above). Each calls the kernels itself: a driver between it and them
+    over the kind alone (see above), and for ROWS over the table's kernel (`way`) too, so that a
+    kind's one-row step and its GEMM compile apart. Each calls the kernels itself: a driver between it and them
     would have compiled their machine code once more (Numba links a callee's code into each
     caller's and optimizes and emits it again there; bench/RESULTS.md, "Fewer layers")."""
     if path == LEGACY_GEMM:
@@ -649,7 +665,7 @@ def _path_entry(path: str, kind: int, parallel: bool):
             n = w.shape[0]
             xs, xq = activations_par(x, mode if int8 else np.int64(0), chunks)
             for c in nb.prange(chunks):
-                rows_kernel(kind, w, x, xs, xq, out, np.int64(0), chunk_start(n, c, chunks, qgemm.ROWS),
+                rows_kernel(kind, way, w, x, xs, xq, out, np.int64(0), chunk_start(n, c, chunks, qgemm.ROWS),
                             chunk_start(n, c + 1, chunks, qgemm.ROWS))
         return jitcache.lazy(rows_par_kind)
 
@@ -657,7 +673,7 @@ def _path_entry(path: str, kind: int, parallel: bool):
     def rows_kind(w, x, out, mode):
         xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
         xq = activations(x, xs, mode if int8 else np.int64(0))
-        rows_kernel(kind, w, x, xs, xq, out, np.int64(0), np.int64(0), w.shape[0])
+        rows_kernel(kind, way, w, x, xs, xq, out, np.int64(0), np.int64(0), w.shape[0])
     return jitcache.lazy(rows_kind)
 
 
@@ -668,7 +684,8 @@ def linear_for(kind: WeightKind):
     kind = int(WeightKind(kind))
 
     def linear(w, x, out, tile, mode, legacy):
-        path = linear_path(kind, x.shape[0], x.shape[1], mode, legacy)
+        way = dispatch.kernel(kind, x.shape[0], x.shape[1], mode, legacy)
+        path = linear_path(way)
         if path == LEGACY_ROW:
             _path_entry(path, kind, False)(w, x, out)
         elif path == LEGACY_GEMM:
@@ -676,7 +693,7 @@ def linear_for(kind: WeightKind):
         elif path == PREFILL:
             _path_entry(path, kind, False)(w, x, out, tile)
         else:
-            _path_entry(path, kind, False)(w, x, out, mode)
+            _path_entry(path, kind, False, way)(w, x, out, mode)
     return linear
 
 
@@ -686,7 +703,8 @@ def linear_par_for(kind: WeightKind):
     kind = int(WeightKind(kind))
 
     def linear_par(w, x, out, tile, chunks, mode, legacy):
-        path = linear_path(kind, x.shape[0], x.shape[1], mode, legacy)
+        way = dispatch.kernel(kind, x.shape[0], x.shape[1], mode, legacy)
+        path = linear_path(way)
         if path == LEGACY_ROW:
             _path_entry(path, kind, True)(w, x, out, chunks)
         elif path == LEGACY_GEMM:
@@ -694,7 +712,7 @@ def linear_par_for(kind: WeightKind):
         elif path == PREFILL:
             _path_entry(path, kind, True)(w, x, out, tile, chunks)
         else:
-            _path_entry(path, kind, True)(w, x, out, mode, chunks)
+            _path_entry(path, kind, True, way)(w, x, out, mode, chunks)
     return linear_par
 
 
