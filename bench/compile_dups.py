@@ -22,10 +22,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 
 
-def split_types(sig) -> list[str]:
-    return [str(t) for t in sig]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-t", "--types", default="", help="weight kinds, comma-separated (Q4_K,Q8_0)")

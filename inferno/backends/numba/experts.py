@@ -30,7 +30,7 @@ from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dense import FAST
 from inferno.backends.numba.qkernels import (PASS_ROWS, activations, activations_par, chunk_start,
                                              legacy_gemm, legacy_rows, prefill_rows, quantized_par,
-                                             ANY, rows_kernel)
+                                             rows_kernel)
 from inferno.backends.numba.dispatch import F_TILES, L_GEMM, L_ROWS, int_dot
 
 jit = nb.njit(cache=True, nogil=True, fastmath=FAST)
@@ -143,7 +143,7 @@ def _part(kind, w, x, xs, xq, lx, out, c, chunks, tile):
         scratch = np.empty(tile * x.shape[1] + x.shape[0] * tile, np.float32)
         prefill_rows(kind, w, x, out, r0, r1, tile, scratch)
     else:
-        rows_kernel(kind, ANY, w, x, xs, xq, out, np.int64(0), r0, r1)
+        rows_kernel(kind, way, w, x, xs, xq, out, np.int64(0), r0, r1)
 
 
 @jit

@@ -194,10 +194,10 @@ def rows_kernel(kind, way, w, x, xs, xq, out, col, r0, r1):
     """out[:, col + r0:col + r1] = x @ w[r0:r1].T for x [B, cols] (dispatch.FEW_MAX at most, unless
     the kind takes int8 rows or is a float kind), xs its group sums,
     xq its row quantized or empty (`activations`), col where this weight's outputs start, in a
-    buffer several weights share, through `way`: the table's kernel (dispatch.K_ROWS ..), a
-    literal, where the caller's rows are known (the entries made per path), else ANY, the
-    kernel picked from x's rows when it runs (linear_many's pieces, the experts). Jitted code
-    only (the overload below).
+    buffer several weights share, through `way`, the table's kernel (dispatch.K_ROWS ..): a
+    literal where the caller's rows are known (the entries made per path), else the table's
+    answer when it runs (linear_many's pieces, the experts). Jitted code only (the overload
+    below).
 
     Each kind gets its own compiled loops: a global constant passed to a jitted function is
     typed as a literal, so `_float_way(Q8_0, ...)` compiles a copy in which every branch on the kind
@@ -206,7 +206,6 @@ def rows_kernel(kind, way, w, x, xs, xq, out, col, r0, r1):
     raise TypeError("rows_kernel runs in jitted code only")
 
 
-ANY = -1  # rows_kernel's way where the rows are known only when it runs
 K_BYTES = {Q4_K: Q4_K_BYTES, Q5_K: Q5_K_BYTES, Q6_K: Q6_K_BYTES}
 
 
@@ -216,39 +215,27 @@ def _rows_kernel(kind, way, w, x, xs, xq, out, col, r0, r1):
     own loops and nothing else, so Numba types and compiles no other kind's. (A switch on a
     literal kind folds away in LLVM, but only after Numba has compiled every branch's callees:
     the default model's first run compiled all ten kinds' loops, for two minutes.) A literal
-    way other than ANY compiles that kernel alone (the `*_way` functions' branches on it are
-    pruned before typing: compiler.py), so a first answer's one-row step does not wait for the
-    GEMM's panels."""
+    way compiles that kernel alone (the `*_way` functions' branches on it are pruned before
+    typing: compiler.py), so a first answer's one-row step does not wait for the GEMM's
+    panels; a run-time way compiles them all."""
     if not isinstance(kind, types.IntegerLiteral):
         raise TypingError("rows_kernel needs its kind as a compile-time constant: call the drivers "
                           "through linear_for, linear_par_for or linear_many_par_for")
     code = kind.literal_value
-    fixed = way.literal_value if isinstance(way, types.IntegerLiteral) else ANY
     if code in K_BYTES:
         ub = K_BYTES[code]
-        if fixed == ANY:
-            def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
-                ran = dispatch.kernel(code, x.shape[0], x.shape[1], 1 if xq[0].shape[0] > 0 else 0, False)
-                _int8_way(code, ub, ran, w, x, xs, xq, out, col, r0, r1)
-        else:
-            def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
-                _int8_way(code, ub, fixed, w, x, xs, xq, out, col, r0, r1)
+
+        def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
+            _int8_way(code, ub, way, w, x, xs, xq, out, col, r0, r1)
     elif code == Q4_KX8:
-        if fixed == ANY:
-            def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
-                _panels_way(dispatch.kernel(Q4_KX8, x.shape[0], x.shape[1], 1, False), w, x, xq, out, col, r0, r1)
-        else:
-            def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
-                _panels_way(fixed, w, x, xq, out, col, r0, r1)
+        def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
+            _panels_way(way, w, x, xq, out, col, r0, r1)
     elif code == F16 or code == BF16 or code == F32:  # dispatch.F_DOT, whatever the rows
         def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
             fdot.f_rows(code, w, x, out[:, col:], r0, r1)
-    elif fixed == ANY:
-        def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
-            _float_way(code, dispatch.kernel(code, x.shape[0], x.shape[1], 0, False), w, x, xs, out, col, r0, r1)
     else:
         def one_kind(kind, way, w, x, xs, xq, out, col, r0, r1):
-            _float_way(code, fixed, w, x, xs, out, col, r0, r1)
+            _float_way(code, way, w, x, xs, out, col, r0, r1)
     return one_kind
 
 
@@ -572,7 +559,8 @@ def _piece_for(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
         def impl(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
             r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
             if r0 < r1:
-                rows_kernel(code, ANY, w, x, xs, xq, out, start, r0, r1)
+                way = dispatch.kernel(code, x.shape[0], x.shape[1], 1 if xq[0].shape[0] > 0 else 0, False)
+                rows_kernel(code, way, w, x, xs, xq, out, start, r0, r1)
             return start + w.shape[0]
     return impl
 
@@ -618,12 +606,13 @@ _legacy_kinds_only(legacy_gemm, lgemm.l_gemm)
 # cache keys the entry on them, and rows_kernel's overload then types only those kinds' loops.
 # A model compiles and loads only the kinds it holds.
 @functools.cache
-def _path_entry(path: str, kind: int, parallel: bool, way: int = ANY):
+def _path_entry(path: str, kind: int, parallel: bool, way: int | None = None):
     """The driver of `path` for `kind` (on the team where `parallel`), compiled apart: a closure
-    over the kind alone (see above), and for ROWS over the table's kernel (`way`) too, so that a
-    kind's one-row step and its GEMM compile apart. Each calls the kernels itself: a driver between it and them
-    would have compiled their machine code once more (Numba links a callee's code into each
-    caller's and optimizes and emits it again there; bench/RESULTS.md, "Fewer layers")."""
+    over the kind alone (see above), and for ROWS over the table's kernel too (`way`, the
+    chooser's dispatch.K_ROWS ..), so that a kind's one-row step and its GEMM compile apart.
+    Each calls the kernels itself: a driver between it and them would have compiled their
+    machine code once more (Numba links a callee's code into each caller's and optimizes and
+    emits it again there; bench/RESULTS.md, "Fewer layers")."""
     if path == LEGACY_GEMM:
         return legacy_gemm_par_for(kind) if parallel else legacy_gemm_for(kind)
     if path == LEGACY_ROW and parallel:
