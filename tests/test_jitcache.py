@@ -282,6 +282,45 @@ def test_symbols_from_the_object_file_are_the_bitcodes():
     assert jitcache.elf_defined_symbols(b"\x7fELF\x02\x01" + bytes(58)) is None  # no sections: no symbol table
 
 
+CLOSURES = """
+import json, sys
+import numpy as np
+from numba import njit
+from inferno.backends.numba import jitcache
+
+
+def scaled(k):  # a factory, as the kinds' entries are: one closure per k, the same argument types
+    @njit(cache=True)
+    def scale(x):
+        y = x * k
+        return y.astype(np.float32) if k == 2 else y  # another return type: another environment
+    return jitcache.lazy(scale)
+
+
+fs = [scaled(int(k)) for k in sys.argv[1:]]
+for f in fs:  # every one loaded (or compiled) before any runs
+    f.compile("(float64[::1],)")
+print(json.dumps([[str(y.dtype), y.tolist()] for y in (f(np.arange(3.0)) for f in fs)]))
+"""
+
+
+def test_closures_compiled_in_two_processes_run_side_by_side(tmp_path):
+    """Two closures of one factory, each compiled in a process of its own at the same point
+    (Numba's names for them once equal), then both loaded from the cache into a third: each
+    runs its own code with its own environment (jitcache._names_apart; before it, the second
+    returned float32 zeros, or float64 garbage the other way round)."""
+    (tmp_path / "closures.py").write_text(CLOSURES)
+
+    def run(*ks):
+        p = subprocess.run([sys.executable, "closures.py", *map(str, ks)], capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout.splitlines()[-1])
+    two, three = ["float32", [0.0, 2.0, 4.0]], ["float64", [0.0, 3.0, 6.0]]
+    assert run(2) == [two] and run(3) == [three]  # each compiles and saves
+    assert run(2, 3) == [two, three] and run(3, 2) == [three, two]  # both loaded
+
+
 STALE = """
 import numpy as np
 from numba.core.event import install_recorder

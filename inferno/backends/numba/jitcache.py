@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -81,6 +82,29 @@ except ImportError:  # no POSIX locks (Windows): the saves go unlocked, as Numba
     fcntl = None
 
 PACKAGE = Path(__file__).resolve().parents[2]  # inferno/
+
+
+def _names_apart() -> None:
+    """Numba names a compiled function's symbols (its code's, its environment's) by its
+    qualified name, its argument types and a count of the functions this process has compiled,
+    from 1. Two closures of one factory with the same argument types (two kinds' row entries
+    over uint8 blocks, two cache types' decode attention), compiled in two processes at the
+    same count, carry the same names; once both are loaded from the cache into one process,
+    the second's code reads the first's environment: another array type's answers, or "'descr'
+    is NULL" (numba/numba#10486: the same for forks, which inherit the count). So every process,
+    a fork too, counts from a random 64-bit start: two processes' few thousand never meet."""
+    try:
+        from numba.core.bytecode import FunctionIdentity
+    except ImportError:
+        return
+    if isinstance(getattr(FunctionIdentity, "_unique_ids", None), itertools.count):
+        FunctionIdentity._unique_ids = itertools.count(int.from_bytes(os.urandom(8), "little"))
+
+
+_names_apart()
+os.register_at_fork(after_in_child=_names_apart)
+
+
 _told = False  # whether this process has said that it compiles
 _STALE_DAYS = 30  # kernel folders of other sources unused this long are removed
 
