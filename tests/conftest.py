@@ -61,17 +61,36 @@ def pytest_collection_finish(session):
     """Work that tests only wait for starts now, on the core the suite's compiles leave idle
     (Numba compiles on one): a test module's `start_early(items, config)` hears of its
     selected items (a build for another CPU); and where the kernel tests run, the real models'
-    kernels compile ahead (_compile_ahead)."""
+    kernels compile ahead (_compile_ahead). On pytest-xdist's workers every worker collects
+    every test: the builds start in the one that takes the kernel tests, as it takes them
+    (pytest_runtest_setup), and nothing compiles ahead (the other worker runs the real models
+    from the start)."""
     if session.config.option.collectonly:
         return
     modules = {}
     for item in session.items:
         if hasattr(item.module, "start_early"):
             modules.setdefault(item.module, []).append(item)
+    if _spread(session.config):
+        session.config.stash[_EARLY] = modules
+        return
     for module, items in modules.items():
         module.start_early(items, session.config)
     if any(Path(item.path).parent.name == "ops" for item in session.items):
         _compile_ahead(session.config)
+
+
+_EARLY = pytest.StashKey[dict]()
+
+
+def pytest_runtest_setup(item):
+    """On the xdist worker that takes the kernel tests, as the first of them starts: the
+    builds pytest_collection_finish left for it."""
+    modules = item.config.stash.get(_EARLY, None)
+    if modules and _group(item.nodeid) == KERNELS:
+        item.config.stash[_EARLY] = {}
+        for module, items in modules.items():
+            module.start_early(items, item.config)
 
 
 COMPILE_AHEAD = """
@@ -103,14 +122,63 @@ def _compile_ahead(config) -> None:
         config.add_cleanup(proc.kill)
 
 
+# With pytest-xdist (./run-tests runs the whole suite on two workers): the tests that compile most
+# of the kernels (each weight kind's entries, on every backend) go to one worker together, so that
+# no kernel compiles twice, and every other module is a unit of its own, its module-scoped
+# fixtures (a model, an oracle) made once (_Spread). The longest modules start first, so that
+# neither worker is left with one of them at the end.
+KERNELS = "kernels"
+KERNEL_MODULES = {"test_invariance"}  # besides tests/ops
+LONGEST = ("test_real_gemma", "test_triton_decode", "test_speculative", "test_real_model", "test_gpu_bench",
+           "test_page", "test_jitcache", "test_serve_ray", "test_tokenizer_spm", "test_structured")
+
+
+def _group(nodeid: str) -> str:
+    """The unit of work a test goes in on xdist's workers: KERNELS, or its module's path."""
+    path = Path(nodeid.split("::")[0])
+    return KERNELS if path.parent.name == "ops" or path.stem in KERNEL_MODULES else path.as_posix()
+
+
+def _spread(config) -> bool:
+    """Whether this process is one of pytest-xdist's workers."""
+    return hasattr(config, "workerinput")
+
+
+class _Spread:
+    """pytest-xdist's scheduler for this suite: LoadScope's, each test's scope its _group (xdist's
+    own xdist_group marks no longer reach its scheduler under pytest 9.2, which names a test by
+    an id xdist does not rewrite)."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ByGroup(LoadScopeScheduling):
+            def _split_scope(self, nodeid):
+                return _group(nodeid)
+        return ByGroup(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_Spread(), "inferno-spread")
+
+
 def pytest_collection_modifyitems(config, items):
     """real_model (SmolLM2 or Gemma 3 from PyPI), subprocess (a fresh interpreter: the CLI, a
     server process, a cold cache), ray (a local Ray cluster), triton_interp (Triton's
     interpreter on the CPU); slow is any of them. `./run-tests -m "not slow"` is the quick
-    selection."""
+    selection. On xdist's workers, the order the units start in."""
+    _mark_slow(items)
+    if _spread(config):
+        rank = {name: i for i, name in enumerate((KERNELS, *LONGEST))}
+        # (stable: the rest as collected; every worker sorts alike, as xdist requires)
+        items.sort(key=lambda item: rank.get(_group(item.nodeid).rsplit("/", 1)[-1].removesuffix(".py"), len(rank)))
+
+
+def _mark_slow(items):
     import inspect
 
-    import pytest
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1]
         try:
