@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import inferno
+from inferno.formats.gguf_file import read_gguf
 from inferno.loading.resolve import resolve
+from inferno.tokenizers.gguf_tokenizer import tokenizer_from_gguf
 
 TEXT = ("The history of astronomy is the story of people looking up at the night sky and trying "
         "to explain what they saw. Early civilizations tracked the motions of the Sun, the Moon "
@@ -40,18 +42,17 @@ def oracle(gguf_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    engine = inferno.load(gguf_path, backend="cpu", progress=False)
-    ids = engine.tokenizer.encode(TEXT)[:128]
+    tokenizer = tokenizer_from_gguf(read_gguf(gguf_path).metadata, gguf_path.name)  # (no model to load)
+    ids = tokenizer.encode(TEXT)[:128]
     model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
                                                  dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].numpy()
         facts = {}
         for prompt, _ in FACTS:
-            p = engine.tokenizer.encode(prompt)
+            p = tokenizer.encode(prompt)
             out = model.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False)
-            facts[prompt] = engine.tokenizer.decode(out[0, len(p):].tolist())
-    engine.close()
+            facts[prompt] = tokenizer.decode(out[0, len(p):].tolist())
     return ids, logits, facts
 
 
@@ -74,7 +75,7 @@ def test_config_and_tokenizer(engine):
 
 def test_logits_match_transformers_on_the_same_gguf(engine, oracle):
     ids, want, _ = oracle
-    assert len(ids) == 128
+    assert len(ids) == 128 and ids == engine.tokenizer.encode(TEXT)[:128]
     assert_near_oracle(engine.logits(ids), want, engine.backend)
 
 
@@ -86,6 +87,7 @@ def assert_near_oracle(got, want, label):
     assert agree >= 0.99, f"{label}: top-1 agreement {agree:.3f}"
 
 
+@pytest.mark.parametrize("engine", ["simd", "pool"], indirect=True)  # (the reference: its logits, above)
 @pytest.mark.parametrize("prompt,fact", FACTS)
 def test_greedy_facts(engine, oracle, prompt, fact):
     _, _, theirs = oracle

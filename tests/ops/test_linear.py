@@ -279,6 +279,7 @@ for name in ("F32", "F16", "BF16"):
 
 
 _BUILDS: dict[str, tuple] = {}  # cpu -> (process, its folder), started by start_early
+WAITS_FOR_EARLY = ("test_int8_gemm_without_vnni",)  # (tests/conftest.py runs it last)
 
 
 def start_early(items, config) -> None:
