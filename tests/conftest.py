@@ -173,11 +173,11 @@ def pytest_collection_modifyitems(config, items):
     if _spread(config):
         rank = {name: i for i, name in enumerate((KERNELS, *LONGEST))}
         # (stable: the rest as collected; every worker sorts alike, as xdist requires)
-        items.sort(key=lambda item: rank.get(_group(item.nodeid).rsplit("/", 1)[-1].removesuffix(".py"), len(rank)))
+        items.sort(key=lambda item: rank.get(Path(_group(item.nodeid)).stem, len(rank)))
     # Tests that wait for a build started early (a module's WAITS_FOR_EARLY) go last: the rest of
     # the suite (on xdist, of their unit) runs meanwhile, rather than a worker waiting minutes for
     # a process at nice 10.
-    items.sort(key=lambda item: item.originalname in getattr(item.module, "WAITS_FOR_EARLY", ()))
+    items.sort(key=lambda item: getattr(item, "originalname", "") in getattr(item.module, "WAITS_FOR_EARLY", ()))
 
 
 def _mark_slow(items):
