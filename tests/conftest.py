@@ -71,7 +71,7 @@ def pytest_collection_finish(session):
     for item in session.items:
         if hasattr(item.module, "start_early"):
             modules.setdefault(item.module, []).append(item)
-    if _spread(session.config):
+    if _on_worker(session.config):
         session.config.stash[_EARLY] = modules
         return
     for module, items in modules.items():
@@ -139,7 +139,7 @@ def _group(nodeid: str) -> str:
     return KERNELS if path.parent.name == "ops" or path.stem in KERNEL_MODULES else path.as_posix()
 
 
-def _spread(config) -> bool:
+def _on_worker(config) -> bool:
     """Whether this process is one of pytest-xdist's workers."""
     return hasattr(config, "workerinput")
 
@@ -170,14 +170,16 @@ def pytest_collection_modifyitems(config, items):
     interpreter on the CPU); slow is any of them. `./run-tests -m "not slow"` is the quick
     selection. On xdist's workers, the order the units start in."""
     _mark_slow(items)
-    if _spread(config):
-        rank = {name: i for i, name in enumerate((KERNELS, *LONGEST))}
-        # (stable: the rest as collected; every worker sorts alike, as xdist requires)
-        items.sort(key=lambda item: rank.get(Path(_group(item.nodeid)).stem, len(rank)))
-    # Tests that wait for a build started early (a module's WAITS_FOR_EARLY) go last: the rest of
-    # the suite (on xdist, of their unit) runs meanwhile, rather than a worker waiting minutes for
-    # a process at nice 10.
-    items.sort(key=lambda item: getattr(item, "originalname", "") in getattr(item.module, "WAITS_FOR_EARLY", ()))
+    rank = {name: i for i, name in enumerate((KERNELS, *LONGEST))} if _on_worker(config) else {}
+
+    def order(item):
+        # Tests that wait for a build started early (a module's WAITS_FOR_EARLY) go last: the rest
+        # of the suite (on xdist, of their unit) runs meanwhile, rather than a worker waiting
+        # minutes for a process at nice 10. (A stable sort: the rest as collected; every worker
+        # sorts alike, as xdist requires.)
+        waits = getattr(item, "originalname", "") in getattr(item.module, "WAITS_FOR_EARLY", ())
+        return waits, rank.get(Path(_group(item.nodeid)).stem, len(rank))
+    items.sort(key=order)
 
 
 def _mark_slow(items):
