@@ -250,8 +250,9 @@ class PoolBackend(SimdBackend):
         while len(kinds) < MANY:
             kinds.append(kinds[0])
             datas.append(NO_ROWS)
-        self._launch(Q.linear_many_par_for(*kinds, self._legacy), tuple(datas), x, out,
-                     self.threads, max(self._int8_mode(w) for w in ws))
+        mode = max(self._int8_mode(w) for w in ws)
+        self._launch(Q.linear_many_par_for(*kinds, self._legacy, mode > 0), tuple(datas), x, out,
+                     self.threads, mode)
         views, start = [], 0
         for w in ws:
             views.append(out[:, start:start + w.shape[0]])

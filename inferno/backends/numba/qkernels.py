@@ -49,7 +49,7 @@ from inferno.backends.numba import dispatch, fdot, jitcache, kpanels, ldot, lgem
 from inferno.backends.numba.quantizers import quantize_q4_0, quantize_q8_0
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dispatch import (  # the table of which kernel runs
-    F_ROW, F_TILES, K_FEW, K_GEMM, K_ROWS, L_GEMM, L_ROWS, P_GEMM, int_dot,
+    F_ROW, F_TILES, K_FEW, K_GEMM, K_ROWS, L_GEMM, L_ROWS, P_GEMM, P_ROWS, int_dot,
 )
 from inferno.backends.numba.qdot import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
 from inferno.backends.numba.dense import FAST
@@ -527,40 +527,32 @@ def quantized_par(x, chunks):
     return x16, dx, xs
 
 
-# How a weight of linear_many takes x: a legacy kind that takes int16 rows as l_rows does
-# (ROW16: dispatch.L_ROWS, as linear_many runs a few rows only: dispatch.shared_launch); any other
-# as it is (int8 rows for a kind that can, else float32).
-ROW16, PLAIN = 0, 1
-
-
-def takes(kind: int, legacy: bool) -> int:
-    return ROW16 if dispatch.kernel(kind, 1, 0, 0, legacy) == L_ROWS else PLAIN
-
-
-def piece(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
+def piece(kind, row_way, few_way, mode, w, x, xs, xq, lx, out, start, lo, hi):
     """The part of out's columns lo..hi that falls in w's rows, w's outputs starting at column
-    `start`, w taking x as `how` says (a literal: only that way's loops are typed and
-    compiled); returns where the next weight's start."""
+    `start`, through the table's kernel for x's rows: `row_way` or `few_way` (`ways`), literals,
+    so that only their loops are typed and compiled; returns where the next weight's start."""
     raise TypeError("piece runs in jitted code only")
 
 
 @overload(piece, prefer_literal=True, jit_options=dict(fastmath=FAST))
-def _piece_for(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
-    if not isinstance(kind, types.IntegerLiteral) or not isinstance(how, types.IntegerLiteral):
-        raise TypingError("piece needs its kind and its way as compile-time constants")
-    code, way = kind.literal_value, how.literal_value
-    if way == ROW16:
-        def impl(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
+def _piece_for(kind, row_way, few_way, mode, w, x, xs, xq, lx, out, start, lo, hi):
+    if not all(isinstance(a, types.IntegerLiteral) for a in (kind, row_way, few_way)):
+        raise TypingError("piece needs its kind and its ways as compile-time constants")
+    code, one, few = kind.literal_value, row_way.literal_value, few_way.literal_value
+    if one == L_ROWS:
+        def impl(kind, row_way, few_way, mode, w, x, xs, xq, lx, out, start, lo, hi):
             r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
             if r0 < r1:
                 legacy_rows(code, w, lx[0], lx[1], lx[2], out[:, start:], r0, r1)
             return start + w.shape[0]
     else:
-        def impl(kind, how, w, x, xs, xq, lx, out, start, lo, hi):
+        def impl(kind, row_way, few_way, mode, w, x, xs, xq, lx, out, start, lo, hi):
             r0, r1 = max(lo - start, 0), min(hi - start, w.shape[0])
             if r0 < r1:
-                way = dispatch.kernel(code, x.shape[0], x.shape[1], 1 if xq[0].shape[0] > 0 else 0, False)
-                rows_kernel(code, way, w, x, xs, xq, out, start, r0, r1)
+                if dispatch.kernel(code, x.shape[0], x.shape[1], mode, False) == one:
+                    rows_kernel(code, one, w, x, xs, xq, out, start, r0, r1)
+                else:
+                    rows_kernel(code, few, w, x, xs, xq, out, start, r0, r1)
             return start + w.shape[0]
     return impl
 
@@ -705,26 +697,37 @@ def linear_par_for(kind: WeightKind):
     return linear_par
 
 
-@functools.cache
-def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind, legacy: bool = False):
+@functools.cache  # (decode asks for it 60 times a token)
+def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind, legacy: bool = False,
+                        int8: bool = True):
     """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
     the few rows of x that dispatch.shared_launch admits: the three weights' rows (kinds k0, k1,
-    k2), taken end to end as one
-    range, split into `chunks` pieces (a piece may span two weights): (ws, x, out, chunks,
-    mode). The weights may differ in kind and rows; they share cols, so a row costs about the
-    same in any. Each takes x as it would alone (`linear`): a K-quant its int8 rows for mode 1
-    or 2, a legacy kind where `legacy` says so its int16 rows (`takes`), any other x. The ways
-    are settled here, in the closure, so an entry compiles its own loops only."""
-    k0, k1, k2 = (int(WeightKind(k)) for k in (k0, k1, k2))
-    h0, h1, h2 = (takes(k, legacy) for k in (k0, k1, k2))
-    rows_in = PLAIN in (h0, h1, h2)  # some weight runs the row kernels
-    int8 = any(int_dot(k) for k in (k0, k1, k2))
-    x16 = ROW16 in (h0, h1, h2)
+    k2), taken end to end as one range, split into `chunks` pieces (a piece may span two
+    weights): (ws, x, out, chunks, mode). The weights may differ in kind and rows; they share
+    cols, so a row costs about the same in any. Each takes x as it would alone (`linear`): a
+    K-quant its int8 rows where `int8` (the backend's mode 1 or 2), a legacy kind where `legacy`
+    says so its int16 rows, any other x as float32."""
+    kinds = [int(WeightKind(k)) for k in (k0, k1, k2)]
+    mode = 1 if int8 else 0
+    return _many_for(*(w for k in kinds for w in (k, *dispatch.shared_ways(k, mode, legacy))))
+
+
+@functools.cache
+def _many_for(k0, a0, b0, k1, a1, b1, k2, a2, b2):
+    """linear_many_par_for's entry, for three weights each of a kind (k) and the two kernels
+    the table gives it in a shared launch (a for a row, b for more: dispatch.shared_ways),
+    settled here, in the closure, so that an entry compiles those loops only: not the GEMMs,
+    nor the float32 loops of a kind that takes int8 rows. (Kinds and settings that give the same
+    kernels share an entry.)"""
+    rows_in = any(a != L_ROWS for a in (a0, a1, a2))  # some weight runs the row kernels
+    int8 = any(a in (K_ROWS, P_ROWS) for a in (a0, a1, a2))  # some weight takes int8 rows
+    x16 = L_ROWS in (a0, a1, a2)
 
     @nb.njit(parallel=True, cache=True, fastmath=FAST)
     def linear_many_par_kinds(ws, x, out, chunks, mode):
+        m = mode if int8 else np.int64(0)
         if rows_in:
-            xs, xq = activations_par(x, mode if int8 else np.int64(0), chunks)
+            xs, xq = activations_par(x, m, chunks)
         else:
             xs, xq = x, x  # (not read)
         if x16:
@@ -735,9 +738,9 @@ def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind, legacy: 
         for c in nb.prange(chunks):
             # whole panels: kpanels' (P), and l_rows' passes of eight
             lo, hi = chunk_start(total, c, chunks, kpanels.P), chunk_start(total, c + 1, chunks, kpanels.P)
-            start = piece(k0, h0, ws[0], x, xs, xq, lx, out, np.int64(0), lo, hi)
-            start = piece(k1, h1, ws[1], x, xs, xq, lx, out, start, lo, hi)
-            piece(k2, h2, ws[2], x, xs, xq, lx, out, start, lo, hi)
+            start = piece(k0, a0, b0, m, ws[0], x, xs, xq, lx, out, np.int64(0), lo, hi)
+            start = piece(k1, a1, b1, m, ws[1], x, xs, xq, lx, out, start, lo, hi)
+            piece(k2, a2, b2, m, ws[2], x, xs, xq, lx, out, start, lo, hi)
     return jitcache.lazy(linear_many_par_kinds)
 
 
