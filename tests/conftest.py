@@ -126,10 +126,13 @@ def _compile_ahead(config) -> None:
 # of the kernels (each weight kind's entries, on every backend) go to one worker together, so that
 # no kernel compiles twice, and every other module is a unit of its own, its module-scoped
 # fixtures (a model, an oracle) made once (_Spread). The longest modules start first, so that
-# neither worker is left with one of them at the end.
+# neither worker is left with one of them at the end; of those, the Triton interpreter's and the
+# draft tests (SmolLM2's legacy kinds) before the real Gemma, whose K-quant kernels the kernel
+# tests compile meanwhile (Numba loads a callee the other worker has saved rather than compiling it
+# again: the two started together compiled the same ones side by side).
 KERNELS = "kernels"
-KERNEL_MODULES = {"test_invariance"}  # besides tests/ops
-LONGEST = ("test_real_gemma", "test_triton_decode", "test_speculative", "test_real_model", "test_gpu_bench",
+KERNEL_MODULES = {"test_invariance", "test_moe"}  # besides tests/ops (test_moe: ops' experts entries)
+LONGEST = ("test_triton_decode", "test_speculative", "test_real_gemma", "test_real_model", "test_gpu_bench",
            "test_page", "test_jitcache", "test_serve_ray", "test_tokenizer_spm", "test_structured")
 
 
