@@ -1,5 +1,5 @@
 """pool's linear_many (one launch over the weights that share an input, or one linear each past
-dispatch.SHARED_MAX rows): microseconds a call, the median of 7 timings of 30 calls, at each row
+dispatch.FEW_MAX rows): microseconds a call, the median of 7 timings of 30 calls, at each row
 count, on random blocks (q/k/v of a 2048-wide model: Q4_K 2048, Q4_K 512, Q6_K 512 by default).
 
     python bench/linear_many.py

@@ -100,36 +100,28 @@ ROW_KERNELS = {dispatch.L_ROWS, dispatch.K_ROWS, dispatch.K_FEW, dispatch.P_ROWS
 
 
 @pytest.mark.parametrize("legacy", [False, True])
-@pytest.mark.parametrize("kinds", [["Q4_K", "Q6_K"], ["Q8_0", "Q4_K"], ["Q4_1"], ["F16", "BF16"], ["Q4_KX8"]])
+@pytest.mark.parametrize("kinds", [["Q4_K", "Q6_K"], ["Q8_0", "Q4_K"], ["Q4_1"], ["F16", "BF16"]])
 def test_shared_launch_is_the_tables_answer(kinds, legacy):
-    """One launch for weights sharing an input up to SHARED_MAX rows, where the table sends
-    none of them through lgemm's GEMM; SHARED_MAX the most rows at which it sends no kind, at
-    any width, through a GEMM (which packs for the whole weight)."""
+    """One launch for weights sharing an input exactly where the table sends none of them
+    through lgemm's GEMM, up to FEW_MAX rows."""
     codes = [int(WeightKind[k]) for k in kinds]
-    for rows in (1, LEGACY_FEW, LEGACY_FEW + 1, GEMM_MIN - 1, GEMM_MIN, FEW_MAX, FEW_MAX + 1):
+    for rows in (1, LEGACY_FEW, LEGACY_FEW + 1, FEW_MAX, FEW_MAX + 1):
         ways = [dispatch.kernel(c, rows, WIDE, 1, legacy) for c in codes]
-        assert dispatch.shared_launch(rows, codes, legacy) == (rows <= dispatch.SHARED_MAX and dispatch.L_GEMM not in ways)
+        assert dispatch.shared_launch(rows, codes, legacy) == (rows <= FEW_MAX and dispatch.L_GEMM not in ways)
         assert dispatch.lgemm_rows(rows, legacy) == (dispatch.kernel(int(WeightKind["Q8_0"]), rows, WIDE, 1, legacy)
                                                      == dispatch.L_GEMM)
-
-
-def test_shared_max_is_the_last_row_count_without_a_gemm():
-    def gemm(rows):
-        return any(dispatch.kernel(int(k), rows, cols, 1, False) not in ROW_KERNELS
-                   for k in WeightKind for cols in (NARROW, WIDE))
-    assert not any(gemm(rows) for rows in range(1, dispatch.SHARED_MAX + 1))
-    assert gemm(dispatch.SHARED_MAX + 1)
 
 
 @pytest.mark.parametrize("legacy", [False, True])
 @pytest.mark.parametrize("mode", [0, 1, 2])
 def test_a_shared_launch_takes_two_kernels_a_kind(mode, legacy):
     """shared_ways names the kernels a weight can take in a shared launch, one for a row and
-    one for more, at any width: linear_many's entries compile those two alone."""
+    one for more, in launches of gemm_size or not, at any width: linear_many's entries compile
+    those two alone."""
     for kind in WeightKind:
-        one, few = dispatch.shared_ways(int(kind), mode, legacy)
-        for rows in (r for r in range(1, dispatch.SHARED_MAX + 1) if dispatch.shared_launch(r, [int(kind)], legacy)):
+        for rows in (r for r in range(1, FEW_MAX + 1) if dispatch.shared_launch(r, [int(kind)], legacy)):
             for cols in (32, NARROW, WIDE, 1 << 16):
+                one, few = dispatch.shared_ways(int(kind), mode, legacy, dispatch.gemm_size(rows, cols))
                 assert dispatch.kernel(int(kind), rows, cols, mode, legacy) == (one if rows == 1 else few)
 
 

@@ -14,6 +14,8 @@ import pytest
 from ops.helpers import NUMBA, assert_close, f32, host, rand
 from qblocks import assert_matches, random_blocks
 
+from inferno.backends.numba.dispatch import FEW_MAX
+
 
 def test_float_weights(backend):
     ws = [rand(48, 64, seed=1), rand(16, 64, seed=2), rand(16, 64, seed=3)]
@@ -64,3 +66,21 @@ def test_linear_many_rejects_a_mismatched_width(backend):
     w = backend.weight(random_blocks("Q4_0", 4, 64))
     with pytest.raises(ValueError, match="32 columns"):
         backend.linear_many(np.ones((1, 32), dtype=np.float32), [w, w])
+
+
+@pytest.mark.backends(*NUMBA)
+def test_a_batch_of_gemm_size_in_one_launch(backend, monkeypatch):
+    """FEW_MAX rows, where a CPU with VNNI gives the K-quants their GEMM (dispatch.gemm_size: pool's
+    launch then has an entry of its own): each weight's product as its own linear gives it. (Q8_0
+    in float32: with int16 rows it would take lgemm's GEMM, and one linear each.)"""
+    monkeypatch.setattr(backend, "int8_activations", True)
+    monkeypatch.setattr(backend, "int16_legacy", False)
+    cols = 512
+    ws = [random_blocks("Q4_K", 16, cols, seed=7), random_blocks("Q6_K", 9, cols, seed=8),
+          random_blocks("Q8_0", 16, cols, seed=9)]
+    x = np.random.default_rng(9).standard_normal((FEW_MAX, cols), dtype=np.float32)
+    kept = [backend.weight(w) for w in ws]
+    outs = backend.linear_many(backend.from_numpy(x), kept)
+    for got, w, k in zip(outs, ws, kept):
+        assert_matches(backend, got, x, w)
+        np.testing.assert_allclose(got, backend.linear(x, k), rtol=1e-5, atol=1e-6 * np.abs(got).max())

@@ -69,6 +69,13 @@ def int_dot(kind):
 
 
 @register_jitable
+def gemm_size(rows, cols):
+    """Whether a product of `rows` activation rows of `cols` values is large enough for the
+    K-quants' GEMMs on packed panels (K_GEMM, P_GEMM)."""
+    return rows >= GEMM_MIN and cols >= GEMM_MIN_COLS
+
+
+@register_jitable
 def kernel(kind, rows, cols, mode, legacy):
     """The kernel (L_ROWS .. F_DOT) that multiplies `rows` activation rows of `cols` values by
     a weight of `kind` (a WeightKind code), as the module docstring's table says: plain Python
@@ -78,7 +85,7 @@ def kernel(kind, rows, cols, mode, legacy):
         return F_DOT
     if legacy and ldot.legacy(kind):
         return L_ROWS if rows <= LEGACY_FEW else L_GEMM
-    panels = rows >= GEMM_MIN and cols >= GEMM_MIN_COLS
+    panels = gemm_size(rows, cols)
     if kind == Q4_KX8:  # repacked only where int8 rows are taken: it always takes them
         return P_GEMM if panels else P_ROWS
     if mode > 0 and int_dot(kind):
@@ -105,24 +112,22 @@ def activation_mode(int8_activations: bool, w) -> int:
     return 2 if w.outlier_inputs else 1
 
 
-# Activation rows up to which weights that share their input can run as one launch (pool's
-# linear_many): while every kind's kernel is a row kernel, none a GEMM that packs for the whole
-# weight (K_GEMM, P_GEMM from GEMM_MIN; F_TILES past FEW_MAX).
-SHARED_MAX = min(FEW_MAX, GEMM_MIN - 1)
-
-
 def shared_launch(rows: int, kinds, legacy: bool) -> bool:
     """Whether weights that share their input (q/k/v, gate/up) can run as one launch over all
-    their rows, each row range through its kernel (pool's linear_many): up to SHARED_MAX rows,
-    and none through lgemm's GEMM (L_GEMM), which quantizes and packs for the whole weight.
-    (Decode asks this twice a layer: plain arithmetic, no table lookups.)"""
-    return rows <= SHARED_MAX and not (lgemm_rows(rows, legacy) and any(ldot.legacy(k) for k in kinds))
+    their rows, each row range through its kernel (pool's linear_many): up to FEW_MAX rows, and
+    none through lgemm's GEMM (L_GEMM), which quantizes and packs for the whole weight. (Decode
+    asks this twice a layer: plain arithmetic, no table lookups.)"""
+    return rows <= FEW_MAX and not (lgemm_rows(rows, legacy) and any(ldot.legacy(k) for k in kinds))
 
 
-def shared_ways(kind: int, mode: int, legacy: bool) -> tuple[int, int]:
+def shared_ways(kind: int, mode: int, legacy: bool, gemm: bool) -> tuple[int, int]:
     """The two kernels a weight of `kind` can take in a shared launch (shared_launch): the
-    table's for one row and for 2 .. SHARED_MAX rows, at any width. An entry compiled for
-    these two alone leaves out the GEMMs, and the float32 loops of a kind taking int8 rows."""
+    table's for one row and for more, among launches of `gemm_size` (`gemm`) or not, at any
+    width. An entry compiled for these two alone leaves out the other kernels: a decode step's
+    entry the GEMMs, and the float32 loops of a kind taking int8 rows."""
+    if gemm:
+        way = kernel(kind, GEMM_MIN, GEMM_MIN_COLS, mode, legacy)
+        return way, way
     return kernel(kind, 1, 0, mode, legacy), kernel(kind, 2, 0, mode, legacy)
 
 

@@ -251,8 +251,8 @@ class PoolBackend(SimdBackend):
             kinds.append(kinds[0])
             datas.append(NO_ROWS)
         mode = max(self._int8_mode(w) for w in ws)
-        self._launch(Q.linear_many_par_for(*kinds, self._legacy, mode > 0), tuple(datas), x, out,
-                     self.threads, mode)
+        self._launch(Q.linear_many_par_for(*kinds, self._legacy, mode > 0, dispatch.gemm_size(rows, cols)),
+                     tuple(datas), x, out, self.threads, mode)
         views, start = [], 0
         for w in ws:
             views.append(out[:, start:start + w.shape[0]])

@@ -699,28 +699,29 @@ def linear_par_for(kind: WeightKind):
 
 @functools.cache  # (decode asks for it 60 times a token)
 def linear_many_par_for(k0: WeightKind, k1: WeightKind, k2: WeightKind, legacy: bool = False,
-                        int8: bool = True):
+                        int8: bool = True, gemm: bool = False):
     """out = x @ [w.T for w in ws], side by side in out [B, sum of rows], in one launch, for
     the few rows of x that dispatch.shared_launch admits: the three weights' rows (kinds k0, k1,
     k2), taken end to end as one range, split into `chunks` pieces (a piece may span two
     weights): (ws, x, out, chunks, mode). The weights may differ in kind and rows; they share
     cols, so a row costs about the same in any. Each takes x as it would alone (`linear`): a
     K-quant its int8 rows where `int8` (the backend's mode 1 or 2), a legacy kind where `legacy`
-    says so its int16 rows, any other x as float32."""
+    says so its int16 rows, any other x as float32. `gemm`: x's rows and cols are of
+    dispatch.gemm_size (a batch of 16 sequences), which an entry of its own serves."""
     kinds = [int(WeightKind(k)) for k in (k0, k1, k2)]
     mode = 1 if int8 else 0
-    return _many_for(*(w for k in kinds for w in (k, *dispatch.shared_ways(k, mode, legacy))))
+    return _many_for(*(w for k in kinds for w in (k, *dispatch.shared_ways(k, mode, legacy, gemm))))
 
 
 @functools.cache
 def _many_for(k0, a0, b0, k1, a1, b1, k2, a2, b2):
     """linear_many_par_for's entry, for three weights each of a kind (k) and the two kernels
     the table gives it in a shared launch (a for a row, b for more: dispatch.shared_ways),
-    settled here, in the closure, so that an entry compiles those loops only: not the GEMMs,
-    nor the float32 loops of a kind that takes int8 rows. (Kinds and settings that give the same
-    kernels share an entry.)"""
+    settled here, in the closure, so that an entry compiles those loops only: a decode step's
+    not the GEMMs, nor the float32 loops of a kind that takes int8 rows. (Kinds and settings that
+    give the same kernels share an entry.)"""
     rows_in = any(a != L_ROWS for a in (a0, a1, a2))  # some weight runs the row kernels
-    int8 = any(a in (K_ROWS, P_ROWS) for a in (a0, a1, a2))  # some weight takes int8 rows
+    int8 = any(a in (K_ROWS, K_GEMM, P_ROWS, P_GEMM) for a in (a0, a1, a2))  # some weight takes int8 rows
     x16 = L_ROWS in (a0, a1, a2)
 
     @nb.njit(parallel=True, cache=True, fastmath=FAST)
