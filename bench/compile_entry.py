@@ -65,13 +65,14 @@ for group in sys.argv[1].split(","):
     out = np.zeros((1, 64 * len(kinds)), np.float32)
     t = time.perf_counter()
     Q.linear_many_par_for(*(WeightKind[k] for k in kinds))(ws, x, out, 2, 1)
-    got[group] = (time.perf_counter() - t, 0.0)
+    got[group] = time.perf_counter() - t
 print(json.dumps(got))
 """
 
 
 def cold(tree: Path, kinds: str, script: str = _ONE) -> dict:
-    """{kind: (serial s, parallel s)} compiled by `tree`'s inferno into an empty kernel folder."""
+    """What `script` prints, run by `tree`'s inferno on an empty kernel folder: {kind: (serial s,
+    parallel s)} for _ONE, {group: s} for _MANY."""
     with tempfile.TemporaryDirectory(prefix="inferno-kernels-") as folder:
         env = dict(os.environ, INFERNO_KERNELS=folder, PYTHONPATH=str(tree))
         # (in the tree: `-c` puts the working folder before PYTHONPATH, and run from another
@@ -100,7 +101,7 @@ def main() -> None:
         for label, tree in trees:
             if args.many:
                 got = cold(tree, args.many, _MANY)
-                row = " | ".join(f"{k} {s:.1f} s" for k, (s, _) in got.items())
+                row = " | ".join(f"{k} {s:.1f} s" for k, s in got.items())
             else:
                 got = cold(tree, args.types)
                 row = " | ".join(f"{k} {s:.1f} s, parallel {p:.1f} s" for k, (s, p) in got.items())

@@ -95,10 +95,6 @@ def test_activation_modes():
     assert dispatch.activation_mode(False, kpanels.repack(random_blocks("Q4_K", 8, 256))) == 1
 
 
-ROW_KERNELS = {dispatch.L_ROWS, dispatch.K_ROWS, dispatch.K_FEW, dispatch.P_ROWS, dispatch.F_ROW,
-               dispatch.F_FEW, dispatch.F_DOT}  # each row computed alone: no packing for the weight
-
-
 @pytest.mark.parametrize("legacy", [False, True])
 @pytest.mark.parametrize("kinds", [["Q4_K", "Q6_K"], ["Q8_0", "Q4_K"], ["Q4_1"], ["F16", "BF16"]])
 def test_shared_launch_is_the_tables_answer(kinds, legacy):

@@ -49,7 +49,7 @@ from inferno.backends.numba import dispatch, fdot, jitcache, kpanels, ldot, lgem
 from inferno.backends.numba.quantizers import quantize_q4_0, quantize_q8_0
 from inferno.backends.numba.codes import WeightKind
 from inferno.backends.numba.dispatch import (  # the table of which kernel runs
-    F_ROW, F_TILES, K_FEW, K_GEMM, K_ROWS, L_GEMM, L_ROWS, P_GEMM, P_ROWS, int_dot,
+    F_ROW, F_TILES, K_FEW, K_GEMM, K_ROWS, L_GEMM, L_ROWS, P_GEMM, int_dot,
 )
 from inferno.backends.numba.qdot import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES  # as globals: literals to k_rows
 from inferno.backends.numba.dense import FAST
@@ -721,7 +721,7 @@ def _many_for(k0, a0, b0, k1, a1, b1, k2, a2, b2):
     not the GEMMs, nor the float32 loops of a kind that takes int8 rows. (Kinds and settings that
     give the same kernels share an entry.)"""
     rows_in = any(a != L_ROWS for a in (a0, a1, a2))  # some weight runs the row kernels
-    int8 = any(a in (K_ROWS, K_GEMM, P_ROWS, P_GEMM) for a in (a0, a1, a2))  # some weight takes int8 rows
+    int8 = any(int_dot(k) for k in (k0, k1, k2))  # some weight can take int8 rows (those of `mode`)
     x16 = L_ROWS in (a0, a1, a2)
 
     @nb.njit(parallel=True, cache=True, fastmath=FAST)
