@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from qblocks import random_blocks  # noqa: E402
 
 from inferno.backends.numba.pool import PoolBackend  # noqa: E402
+from inferno.formats.quant import QTYPES  # noqa: E402
 
 
 def main() -> None:
@@ -29,8 +30,15 @@ def main() -> None:
     ap.add_argument("--cols", type=int, default=2048)
     ap.add_argument("--rows", default="1,8,15,16", help="activation rows, comma-separated")
     args = ap.parse_args()
+    specs = [s.split(":") for s in args.kinds.split(",")]
+    if not all(len(p) == 2 and p[0] in QTYPES and p[1].isdigit() and int(p[1]) > 0 for p in specs):
+        ap.error(f"--kinds {args.kinds}: each weight is kind:rows, a kind of {', '.join(QTYPES)}")
+    if not all(r.isdigit() and int(r) > 0 for r in args.rows.split(",")):
+        ap.error(f"--rows {args.rows}: positive whole numbers, comma-separated")
+    if args.cols <= 0 or args.cols % 256:
+        ap.error(f"--cols {args.cols}: a positive multiple of 256 (a K-quant's block)")
     backend = PoolBackend()
-    ws = [random_blocks(k, int(n), args.cols) for k, n in (s.split(":") for s in args.kinds.split(","))]
+    ws = [random_blocks(k, int(n), args.cols) for k, n in specs]
     got = {}
     for rows in (int(r) for r in args.rows.split(",")):
         x = np.random.default_rng(0).standard_normal((rows, args.cols)).astype(np.float32)
