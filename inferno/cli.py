@@ -127,6 +127,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="serve /v1/embeddings with a model that is not an embedding model (an embedding "
                         "model serves them without this flag)")
     add_pooling_arg(p)
+    p.add_argument("--reasoning-format", choices=("auto", "none"), default="auto",
+                   help="auto: a thinking model's <think> block (Qwen3, QwQ, DeepSeek-R1) goes out as the "
+                        "message's reasoning_content, as llama-server's and vLLM's; none: it stays in content")
     p.add_argument("--ray", action="store_true", help="run as Ray Serve replicas (pip install -e '.[ray]' in inferno's folder)")
     p.add_argument("--replicas", type=_positive_int, default=1, help="with --ray: replicas, each with its own engine")
     p.add_argument("--router", choices=("default", "prefix"), default="default",
@@ -468,7 +471,7 @@ def cmd_serve(args) -> int:
                           queue_limit=args.queue_limit, chunk=args.prefill_chunk,
                           api_key=args.api_key or os.environ.get("INFERNO_API_KEY") or None,
                           model_id=args.alias, model_draft=args.model_draft, embeddings=args.embeddings,
-                          pooling=args.pooling, **speculative(args))
+                          pooling=args.pooling, reasoning_format=args.reasoning_format, **speculative(args))
     if args.ray:
         from inferno.serve.ray_app import run
         return run(config, host=args.host, port=args.port, replicas=args.replicas, address=args.ray_address,

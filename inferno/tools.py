@@ -110,20 +110,28 @@ def parse(format: str, text: str) -> tuple[str, list[ToolCall]]:
     return content, calls
 
 
-def parse_reply(format: str, text: str) -> tuple[str, str, list[ToolCall]]:
+def parse_reply(format: str | None, text: str, think: str | None = None) -> tuple[str, str, list[ToolCall]]:
     """(reasoning, content, calls) of a whole reply in `format`: its streamed deltas (those of
-    stream_parser), collected. Reasoning is harmony's (its analysis); "" in the other formats."""
-    p = stream_parser(format)
+    stream_parser), collected. Reasoning is harmony's (its analysis), or a think block's where
+    `think` says the reply may open one (thinking.py); "" otherwise."""
+    p = stream_parser(format, think)
     return collect(p.feed(text) + p.finish())
 
 
-def stream_parser(format: str):
-    """A reply's streamed parser for `format`: feed(text) and finish() give Deltas (harmony's
-    also carry `reasoning`)."""
+def stream_parser(format: str | None, think: str | None = None):
+    """A reply's streamed parser for `format` (None: no tool calls, only with `think`):
+    feed(text) and finish() give Deltas, with `reasoning` for harmony's analysis and, where
+    `think` (thinking.TAGS or OPENED) says the reply may reason in a think block, for that."""
     if format == HARMONY:
         from inferno.harmony import StreamParser as HarmonyParser
         return HarmonyParser()
-    return StreamParser(format)
+    inner = StreamParser(format) if format is not None else None
+    if think is None:
+        if inner is None:
+            raise ValueError("a reply's parser needs a tool-call format or a think mode")
+        return inner
+    from inferno.thinking import ThinkSplit
+    return ThinkSplit(think, inner)
 
 
 def call_guard(format: str | None) -> "CallGuard | None":

@@ -20,7 +20,7 @@ import inferno
 ROOT = Path(inferno.__file__).parent
 KERNELS = ("inferno.backends.numba", "inferno.backends.torch")
 LOOP = ("inferno.engine", "inferno.scheduler", "inferno.sequence", "inferno.constrain", "inferno.tools",
-        "inferno.calls", "inferno.harmony",
+        "inferno.calls", "inferno.harmony", "inferno.thinking",
         "inferno.ahead", "inferno.embedding")
 COMMANDS = ("inferno.cli", "inferno.chat", "inferno.bench", "inferno.helper")
 ABOVE_MODEL = ("inferno.loading", "inferno.serve") + LOOP + COMMANDS

@@ -181,6 +181,34 @@ def test_logprobs(client, engine):
     assert lp.text_offset[0] == 0 and all(len(alts) <= 2 for alts in lp.top_logprobs)
 
 
+# A reply that opens the tiny model's think block (its template has Qwen3's), held to a grammar.
+THINKING = 'root ::= "<think>\\n" ("yes" | "no") " and so\\n</think>\\n\\n" ("Paris" | "Rome") "."'
+
+
+def test_a_think_block_is_the_reasoning_content(server, client, qwen3_dir):
+    """The think block a reply opens with goes out as reasoning_content, its tags and blank
+    lines left out, streamed or not; the answer is the content, and the tokens up to it are
+    usage's reasoning_tokens. With --reasoning-format none the reply is the content, tags and all."""
+    ask = dict(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0, extra_body={"grammar": THINKING})
+    whole = client.chat.completions.create(**ask)
+    message = whole.choices[0].message
+    reasoning = (message.model_extra or {}).get("reasoning_content")
+    assert reasoning in ("yes and so", "no and so") and message.content in ("Paris.", "Rome.")
+    assert whole.usage.completion_tokens_details.reasoning_tokens > 0
+    assert whole.usage.completion_tokens_details.reasoning_tokens < whole.usage.completion_tokens
+    chunks = list(client.chat.completions.create(stream=True, **ask))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
+    assert "".join(d.content or "" for d in deltas) == message.content
+    written = f"<think>\n{reasoning}\n</think>\n\n{message.content}"
+    app = build_app(ServerConfig(model=str(qwen3_dir), model_id=MODEL, ctx_size=256, reasoning_format="none"))
+    with running(app) as url:
+        wait_healthy(url)
+        plain = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        kept = plain.chat.completions.create(**ask).choices[0].message
+        assert kept.content == written and not (kept.model_extra or {}).get("reasoning_content")
+
+
 @pytest.mark.parametrize("body,status,param", [
     (b"{not json", 400, None),
     (b'["a list"]', 400, None),

@@ -42,6 +42,7 @@ from inferno.serve.protocol import (APIError, ChatRequest, CompletionRequest, Em
                                     Response, TokenText, embeddings_body, usage)
 from inferno import harmony as H
 from inferno.constrain import ANY_OBJECT
+from inferno.thinking import think_mode
 from inferno.tools import HARMONY, functions, tool_choice_grammar
 from inferno.serve.batch import BatchEngine, Closed, Handle, QueueFull
 
@@ -73,6 +74,7 @@ class ServerConfig:
     model_draft: str | None = None  # --model-draft: a draft model, loaded with the target
     embeddings: bool = False  # --embeddings: serve /v1/embeddings with a model that is not made for it
     pooling: str | None = None  # --pooling: over what the model's files say (embedding.POOLINGS)
+    reasoning_format: str = "auto"  # --reasoning-format: auto, a think block as reasoning_content; none
 
     @property
     def served_name(self) -> str:
@@ -281,7 +283,10 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, batch.ctx_size - len(ids))
         options = req.options(engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0, grammar,
                               tool_format, config.speculative, config.spec_type)
-        return (Response("chat", req.model, state.tokens, tool_format, fenced=grammar is not None and grammar.fenced),
+        fenced = grammar is not None and grammar.fenced
+        think = None if fenced or tool_format == HARMONY or config.reasoning_format == "none" else \
+            think_mode(engine.tokenizer.chat_template, engine.tokenizer.decode(ids[-8:], skip_special_tokens=False))
+        return (Response("chat", req.model, state.tokens, tool_format, fenced=fenced, think=think),
                 submit(batch, ids, options, req.n, "max_completion_tokens"))
 
     @api.post("/v1/completions", **post(CompletionRequest, Completion, CompletionChunk))

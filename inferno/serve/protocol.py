@@ -303,12 +303,13 @@ class Response:
     """The envelope every chunk or body of one response shares."""
 
     def __init__(self, kind: Literal["chat", "text"], model: str, tokens: "TokenText",
-                 tool_format: str | None = None, fenced: bool = False):
+                 tool_format: str | None = None, fenced: bool = False, think: str | None = None):
         """`tool_format` (tools.FORMATS, or harmony): the replies are parsed for tool calls in
         that format (harmony's for its reasoning too: a harmony model's replies always are).
-        `fenced`: their JSON may come in a ```json fence (constrain.fenced), which is removed."""
+        `fenced`: their JSON may come in a ```json fence (constrain.fenced), which is removed.
+        `think` (thinking.TAGS or OPENED): a reply's think block is its reasoning_content."""
         self.kind, self.model, self.tokens, self.tool_format = kind, model, tokens, tool_format
-        self.fenced = fenced
+        self.fenced, self.think = fenced, think
         self.parsers: dict[int, object] = {}  # choice -> its streamed parser (tools.stream_parser)
         self.unfences: dict[int, Unfence] = {}  # choice -> its fence remover
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
@@ -328,11 +329,11 @@ class Response:
             unfence = self.unfences.setdefault(ev.index, Unfence())
             text = unfence.feed(ev.text) + (unfence.finish() if ev.finish_reason else "")
             return [self.chunk_choice(dataclasses.replace(ev, text=text))]
-        if self.kind != "chat" or self.tool_format is None:
+        if self.kind != "chat" or not self.parsed:
             return [self.chunk_choice(ev)]
         parser = self.parsers.get(ev.index)
         if parser is None:
-            parser = self.parsers[ev.index] = stream_parser(self.tool_format)
+            parser = self.parsers[ev.index] = stream_parser(self.tool_format, self.think)
         deltas = parser.feed(ev.text) + (parser.finish() if ev.finish_reason else [])
         self.thinking.setdefault(ev.index, ReasoningTokens()).feed(deltas, len(ev.token_ids))
         chunks = []
@@ -355,6 +356,11 @@ class Response:
         if out:
             out[0]["logprobs"] = self.logprobs(ev)
         return out
+
+    @property
+    def parsed(self) -> bool:
+        """Whether a chat reply is parsed (for tool calls, or reasoning), not sent as it comes."""
+        return self.tool_format is not None or self.think is not None
 
     @property
     def reasoning_tokens(self) -> int:
@@ -401,10 +407,10 @@ class Response:
             merged = Event(index, text, [t for e in evs for t in e.token_ids], lps, evs[-1].finish_reason)
             if self.kind == "chat":
                 message, finish = {"role": "assistant", "content": text}, merged.finish_reason
-                if self.tool_format is not None:  # the reply as content and calls, as streamed
-                    reasoning, content, calls = parse_reply(self.tool_format, text)
+                if self.parsed:  # the reply as reasoning, content and calls, as streamed
+                    reasoning, content, calls = parse_reply(self.tool_format, text, self.think)
                     if reasoning:  # (parsed again by event: which tokens came before the answer)
-                        reasoning_tokens += ReasoningTokens.of(self.tool_format, evs)
+                        reasoning_tokens += ReasoningTokens.of(self.tool_format, evs, self.think)
                     message = {"role": "assistant", "content": content or (None if calls else "")}
                     if reasoning:
                         message["reasoning_content"] = reasoning
@@ -446,9 +452,9 @@ class ReasoningTokens:
         return self.before if self.reasoned else 0
 
     @classmethod
-    def of(cls, tool_format: str, events: list[Event]) -> int:
+    def of(cls, tool_format: str | None, events: list[Event], think: str | None = None) -> int:
         """The count for one choice's events, parsed as a stream would be."""
-        parser, counter = stream_parser(tool_format), cls()
+        parser, counter = stream_parser(tool_format, think), cls()
         for i, ev in enumerate(events):
             counter.feed(parser.feed(ev.text) + (parser.finish() if i == len(events) - 1 else []), len(ev.token_ids))
         return counter.count

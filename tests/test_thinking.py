@@ -1,0 +1,72 @@
+"""A thinking model's think block as its reasoning (thinking.py): the same split whatever pieces
+the reply is decoded in, the answer's tool calls read after the block, and which templates and
+prompts reason at all."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from inferno.calls import collect
+from inferno.thinking import OPENED, TAGS, ThinkSplit, think_mode
+from inferno.tools import parse_reply, stream_parser
+
+CASES = [  # (mode, reply, (reasoning, content))
+    (TAGS, "<think>\nI think.\n</think>\n\nHello there", ("I think.", "Hello there")),
+    (TAGS, "  <think>a</think>b", ("a", "b")),
+    (TAGS, "<think>one\n\ntwo</think>three\n", ("one\n\ntwo", "three\n")),
+    (TAGS, "Hello <think>x</think>", ("", "Hello <think>x</think>")),  # only a reply's opening reasons
+    (TAGS, "<thx", ("", "<thx")),
+    (TAGS, "<th", ("", "<th")),  # cut where it could have been the tag: what was written
+    (TAGS, "<think>\n\n</think>\n\nAnswer.", ("", "Answer.")),  # Qwen3 with thinking off
+    (TAGS, "<think>cut in the middle\n\n", ("cut in the middle", "")),  # max_tokens in the reasoning
+    (TAGS, "<think>a</thin>b</think>c", ("a</thin>b", "c")),
+    (TAGS, "\n\nNo block, 東京 🙂", ("", "\n\nNo block, 東京 🙂")),
+    (TAGS, "", ("", "")),
+    (OPENED, "reasoning here\n</think>\n\nthe answer", ("reasoning here", "the answer")),
+    (OPENED, "\nall reasoning", ("all reasoning", "")),
+]
+
+
+def split(mode, pieces, fmt=None):
+    p = stream_parser(fmt, mode)
+    deltas = [d for piece in pieces for d in p.feed(piece)] + p.finish()
+    return collect(deltas)
+
+
+@pytest.mark.parametrize("mode,reply,want", CASES)
+def test_the_split_does_not_depend_on_the_pieces(mode, reply, want):
+    assert split(mode, [reply])[:2] == want
+    assert split(mode, list(reply))[:2] == want  # a character at a time
+    rng = random.Random(len(reply))
+    for _ in range(100):
+        cuts = sorted(rng.sample(range(len(reply) + 1), min(len(reply), rng.randint(1, 6)))) if reply else []
+        pieces = [reply[a:b] for a, b in zip([0, *cuts], [*cuts, len(reply)])]
+        assert split(mode, pieces)[:2] == want, pieces
+    assert parse_reply(None, reply, mode)[:2] == want
+
+
+def test_a_tool_call_after_the_reasoning():
+    reply = '<think>\nThe weather, then.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    for pieces in ([reply], list(reply)):
+        reasoning, content, calls = split(TAGS, pieces, "hermes")
+        assert (reasoning, content) == ("The weather, then.", "")
+        assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Oslo"}')]
+    parser = stream_parser("hermes", TAGS)
+    parser.feed(reply)
+    parser.finish()
+    assert parser.count == 1 and len(parser.calls) == 1  # what the server's finish and CallGuard read
+
+
+def test_which_replies_reason():
+    qwen3 = "{%- if enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    assert think_mode(qwen3, "<|im_start|>assistant\n") == TAGS
+    assert think_mode(qwen3, "<|im_start|>assistant\n<think>\n\n</think>\n\n") == TAGS  # closed in the prompt: the reply starts outside
+    assert think_mode("{{ '<｜Assistant｜><think>\\n' }}...</think>", "<｜Assistant｜><think>\n") == OPENED
+    assert think_mode("{{ message.content }}", "<|im_start|>assistant\n") is None
+    assert think_mode(None, "") is None
+    with pytest.raises(ValueError, match="think mode"):
+        ThinkSplit("maybe")
+    with pytest.raises(ValueError, match="tool-call format or a think mode"):
+        stream_parser(None)
