@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 
 from inferno import harmony
+from inferno.calls import collect
+from inferno.thinking import ThinkSplit
 from inferno.engine import Engine, Session
 from inferno.errors import InfernoError
 
@@ -63,7 +65,7 @@ def run_chat(engine: Engine, *, system: str | None = None, think: bool = True,
         shown = None
         try:
             stream = engine.stream(messages, system=system, think=think, session=session, **options)
-            shown = Shown(out, stream.harmony, hide_reasoning=hide_reasoning)
+            shown = Shown(out, stream.harmony, think=stream.think, hide_reasoning=hide_reasoning)
             for piece in stream:
                 shown.feed(piece)
             shown.finish()
@@ -103,15 +105,18 @@ DIM, RESET = "\033[2m", "\033[0m"  # faint text on a terminal, and back
 
 
 class Shown:
-    """A reply printed as it streams: its text to `out`; a harmony reply's (`harmony`) parsed,
-    its answer to `out` and its reasoning to `thoughts` (default: `out`), dimmed where that is a
-    terminal, then a blank line (a line break on a stream of its own) before the answer; none
-    of it with `hide_reasoning`. The pieces are whole characters (the engine's detokenizer),
-    and the parser cuts them only at its tags."""
+    """A reply printed as it streams: its text to `out`; a harmony reply's (`harmony`) or one
+    that may open a think block (`think`: Stream.think) parsed, its answer to `out` and its
+    reasoning to `thoughts` (default: `out`), dimmed where that is a terminal, then a blank line
+    (a line break on a stream of its own) before the answer; none of it with `hide_reasoning`.
+    The pieces are whole characters (the engine's detokenizer), and the parser cuts them only
+    at its tags."""
 
-    def __init__(self, out, harmony_reply: bool, *, thoughts=None, hide_reasoning: bool = False):
+    def __init__(self, out, harmony_reply: bool, *, think: str | None = None, thoughts=None,
+                 hide_reasoning: bool = False):
         self.out, self.thoughts = out, thoughts if thoughts is not None else out
-        self.parser = harmony.StreamParser() if harmony_reply else None
+        self.parser = (harmony.StreamParser() if harmony_reply
+                       else ThinkSplit(think) if think is not None else None)
         self.hide = hide_reasoning
         self.dim = _isatty(self.thoughts)
         self.reasoning = False  # reasoning is being shown
@@ -172,7 +177,12 @@ class Shown:
 
 def answer(stream) -> tuple[str, str | None]:
     """A finished stream's answer, and its reasoning: a harmony reply's (gpt-oss's) parsed apart
-    (harmony.parse), None for a model whose reply is all answer."""
+    (harmony.parse) or a think block's (thinking.ThinkSplit), None where the reply is all
+    answer."""
+    if stream.think is not None:
+        split = ThinkSplit(stream.think)
+        reasoning, content, _ = collect(split.feed(stream.result.text) + split.finish())
+        return content, reasoning or None
     if not stream.harmony:
         return stream.result.text, None
     reply = harmony.parse(stream.result.text)

@@ -408,8 +408,9 @@ def cmd_generate(args) -> int:
                 pass
             if stream.result.cut_by is None:
                 print(answer(stream)[0], flush=True)
-        else:  # a harmony reply's (gpt-oss's) reasoning goes to stderr, its answer to stdout
-            shown = Shown(sys.stdout, stream.harmony, thoughts=sys.stderr, hide_reasoning=args.hide_reasoning)
+        else:  # a reasoning model's reasoning (gpt-oss's, a think block) goes to stderr, its answer to stdout
+            shown = Shown(sys.stdout, stream.harmony, think=stream.think, thoughts=sys.stderr,
+                          hide_reasoning=args.hide_reasoning)
             try:
                 for piece in stream:
                     shown.feed(piece)

@@ -25,6 +25,7 @@ from inferno.formats.quant import QUANTIZERS
 from inferno.backends.tracing import TracingBackend
 from inferno.constrain import Grammar, Grammars
 from inferno import harmony
+from inferno.thinking import think_mode
 from inferno.tools import HARMONY, detect_format, for_template, supports_tools
 from inferno.errors import InfernoError
 from inferno.draft import Replies
@@ -82,6 +83,9 @@ class Stream:
     # The pieces are a harmony reply (gpt-oss's chat: Engine.speaks_harmony), its tags kept:
     # harmony.StreamParser splits them into reasoning, content and calls, harmony.parse the text.
     harmony: bool = False
+    # The pieces may open a think block (thinking.TAGS, or OPENED where the prompt opened it: a
+    # Qwen3, QwQ or DeepSeek-R1 chat), kept in the text: thinking.ThinkSplit tells it apart.
+    think: str | None = None
 
     def __iter__(self):
         result = yield from self._pieces
@@ -357,6 +361,7 @@ class Engine:
         constraint = None
         if json_schema is not None or grammar is not None:
             constraint = self.constraint(json_schema=json_schema, grammar=grammar)
+        rendered = prompt_ids is None and not raw and bool(self.tokenizer.chat_template)
         if prompt_ids is None:
             prompt_ids = self.encode_prompt(prompt, system=system, think=think, raw=raw,
                                             reasoning_effort=reasoning_effort)
@@ -378,7 +383,11 @@ class Engine:
         need = ids.size + max_tokens
         slots = session._slots(self, need) if session is not None else need
         seq = Sequence(ids.tolist(), options, self.tokenizer, self.eos)
-        return Stream(self._generate(seq, slots, to_context), harmony=reply_format == HARMONY)
+        blocks = None  # a thinking model's chat: whether, and how, its reply opens a think block
+        if rendered and reply_format is None:
+            blocks = think_mode(self.tokenizer.chat_template,
+                                self.tokenizer.decode(ids[-8:].tolist(), skip_special_tokens=False))
+        return Stream(self._generate(seq, slots, to_context), harmony=reply_format == HARMONY, think=blocks)
 
     def new_slots(self, count: int, capacity: int, *, growable: bool = False) -> Slots:
         """`count` KV cache slots of `capacity` positions for the generation loop (Scheduler),

@@ -4,6 +4,8 @@ prompts reason at all."""
 
 from __future__ import annotations
 
+import io
+import json
 import random
 
 import pytest
@@ -70,3 +72,60 @@ def test_which_replies_reason():
         ThinkSplit("maybe")
     with pytest.raises(ValueError, match="tool-call format or a think mode"):
         stream_parser(None)
+
+
+# -- the CLI and the Python API: the tiny Qwen3's template has Qwen3's think block ------------------
+# A reply that opens one, held to a grammar (a random model would not write it).
+THINKING = 'root ::= "<think>\\n" ("yes" | "no") " and so\\n</think>\\n\\n" ("Paris" | "Rome") "."'
+
+
+class TTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.fixture(scope="module")
+def engine(qwen3_dir):
+    import inferno
+    return inferno.load(str(qwen3_dir), progress=False)
+
+
+def test_the_chat_shows_the_block_dimmed_and_keeps_the_answer(engine):
+    from inferno.chat import run_chat
+
+    def chat(stdout, **options):
+        run_chat(engine, stdin=io.StringIO("Hello!\nAgain?\n"), stdout=stdout, stderr=io.StringIO(),
+                 max_tokens=40, grammar=THINKING, temperature=0, **options)
+        return stdout.getvalue()
+
+    replies = chat(io.StringIO()).split("\n")  # a pipe: plain, a blank line between them
+    (r1, a1, r2, a2) = replies[0], replies[2], replies[3], replies[5]
+    assert r1 in ("yes and so", "no and so") and a1 in ("Paris.", "Rome.") and replies[1] == ""
+    assert chat(TTY()).startswith(f"\033[2m{r1}\033[0m\n\n{a1}\n")  # a terminal: dimmed
+    assert chat(TTY(), hide_reasoning=True) == f"{a1}\n{a2}\n"
+    assert r2 in ("yes and so", "no and so")
+
+
+def test_a_stream_says_whether_its_reply_may_open_a_block(engine):
+    stream = engine.stream("Hello!", max_tokens=30, grammar=THINKING, temperature=0)
+    text = "".join(stream)
+    assert stream.think == TAGS and text.startswith("<think>\n")  # the text as written
+    from inferno.chat import answer
+    content, reasoning = answer(stream)
+    assert text == f"<think>\n{reasoning}\n</think>\n\n{content}"
+    assert engine.stream("Hello!", raw=True, max_tokens=2).think is None  # no chat, no block
+    assert engine.stream(prompt_ids=[1, 2, 3], max_tokens=2).think is None
+
+
+def test_generate_prints_the_answer_without_the_block(qwen3_dir, tmp_path, capsys):
+    """A constrained reply to a pipe is its answer alone; --json has the block as `reasoning`."""
+    from inferno import cli
+    grammar = tmp_path / "think.gbnf"
+    grammar.write_text(THINKING)
+    argv = ["generate", "-m", str(qwen3_dir), "-p", "Hello!", "-n", "40", "-t", "0", "--grammar-file", str(grammar)]
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out in ("Paris.\n", "Rome.\n") and "<think>" not in out + err
+    assert cli.main(argv + ["--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["text"] + "\n" == out and got["reasoning"] in ("yes and so", "no and so")
