@@ -36,12 +36,18 @@ from inferno.serve import BatchEngine, Options
 t0 = time.perf_counter()
 engine = inferno.load({model!r}, {backend!r}, progress=False)
 out = {{"load_s": round(time.perf_counter() - t0, 2), "compiled_at_load": jitcache.misses()}}
-session, messages = inferno.Session(), [{{"role": "user", "content": {prompt!r}}}]
+# a chat's turns; a base model's (no chat template) as a transcript it continues
+chat = bool(engine.tokenizer.chat_template)
+session = inferno.Session()
+history = [{{"role": "user", "content": {prompt!r}}}] if chat else "Q: " + {prompt!r} + "\\nA:"
 for i, turn in enumerate(("And of Italy?", "And of Spain?")):
     before = jitcache.misses()
-    r = engine.generate(messages, session=session, max_tokens=24, temperature=0)
+    r = engine.generate(history, session=session, max_tokens=24, temperature=0)
     out[f"turn {{i + 1}}"] = dict(ttft_s=round(r.ttft_s, 3), compiled=jitcache.misses() - before)
-    messages += [{{"role": "assistant", "content": r.text}}, {{"role": "user", "content": turn}}]
+    if chat:
+        history += [{{"role": "assistant", "content": r.text}}, {{"role": "user", "content": turn}}]
+    else:
+        history += r.text + "\\nQ: " + turn + "\\nA:"
 ids = engine.tokenizer.encode(open({readme!r}).read() * 3)[:3000]
 before = jitcache.misses()
 stream = engine.stream(prompt_ids=list(ids), max_tokens=200, temperature=0,
