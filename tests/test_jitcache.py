@@ -142,6 +142,8 @@ ban = {{t: -100.0 for t in engine.eos}}
 seen, before = {{}}, measure()
 engine.generate("Once upon a time", max_tokens=600, temperature=0, logit_bias=ban)  # past 2 x 256 keys
 seen["a long generation"], before = measure() - before, measure()
+engine.generate(None, prompt_ids=list(range(10, 310)), max_tokens=4, temperature=0)  # a prefill's 300 rows at once
+seen["a long prompt"], before = measure() - before, measure()
 session, messages = inferno.Session(), [{{"role": "user", "content": "Hello there"}}]
 for turn in ("And then?", "Why?"):
     reply = engine.generate(messages, session=session, max_tokens=6, temperature=0)
@@ -178,8 +180,9 @@ def no_compile(path, backend: str, measure: str, env=None) -> dict:
 
 @pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2-135m", marks=[pytest.mark.real_model, pytest.mark.slow])])
 def test_nothing_compiles_during_generation(tmp_path_factory, model):
-    """After the load, a generation past the context where pool's decode goes parallel, a
-    chat's later turns and batched steps with chunked prompts take no kernel the load did not:
+    """After the load, a generation past the context where pool's decode goes parallel, a long
+    prompt, a chat's later turns and batched steps with chunked prompts take no kernel the load
+    did not:
     nothing is compiled, and nothing is even loaded from the cache (every inferno kernel's
     signatures, before and after), in a fresh process. (pool: the backend whose kernels change
     with the sizes.) A tiny float32 model, and the default model: its Q8_0 head is its one

@@ -94,6 +94,25 @@ def test_pool_threads_are_checked():
     one.close()
 
 
+def test_every_path_reaches_the_parallel_kernels_of_long_prompts(monkeypatch):
+    """The warm-up's every_path: a few rows take the launches a long prompt's do, here the int16
+    rows of a legacy kind's activations made across the team (a 3,000-token prompt on Gemma 3
+    compiled them after a warm-up without it); the same rows as the serial kernel's."""
+    from inferno.backends.numba import qkernels as Q
+    pool = PoolBackend(threads=2)
+    launched = []
+    launch = pool._launch
+    monkeypatch.setattr(pool, "_launch", lambda f, *a: (launched.append(f), launch(f, *a))[1])
+    x = rand(3, 96, seed=5)
+    alone = pool._quantized(x)
+    assert Q.quantized_par not in launched  # 3 rows: on the calling thread
+    with pool.every_path():
+        together = pool._quantized(x)
+    assert Q.quantized_par in launched and pool.par_activations == Q.PAR_ACTIVATIONS
+    for a, b in zip(alone, together):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_blas_runs_one_thread_while_a_backend_lives():
     before = blas.thread_counts()
     if sys.platform.startswith("linux"):

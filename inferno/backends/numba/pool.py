@@ -135,6 +135,7 @@ class PoolBackend(SimdBackend):
     # (a decode row's norm, or attention over a short cache, is a few microseconds of work).
     parallel_min_elements = 1 << 15  # row-wise ops: rows x features; matmuls: multiply-adds
     parallel_min_attention = 1 << 17  # query rows x keys x n_heads x head_dim
+    par_activations = Q.PAR_ACTIVATIONS  # a prefill's rows from which its int16 rows are made in parallel
     _one_launch = True  # linear_many's one launch over all its weights (off in every_path)
 
     def __init__(self, threads: int | None = None, int8_activations: bool | None = None,
@@ -161,14 +162,15 @@ class PoolBackend(SimdBackend):
         if self.threads == 1:
             yield
             return
-        saved = self.parallel_min_elements, self.parallel_min_attention, self.decode_min_keys
-        self.parallel_min_elements = self.parallel_min_attention = 0
+        saved = self.parallel_min_elements, self.parallel_min_attention, self.decode_min_keys, self.par_activations
+        self.parallel_min_elements = self.parallel_min_attention = self.par_activations = 0
         self.decode_min_keys = 1
         self._one_launch = False  # linear_many as past dispatch.FEW_MAX rows: one linear per weight
         try:
             yield
         finally:
-            self.parallel_min_elements, self.parallel_min_attention, self.decode_min_keys = saved
+            (self.parallel_min_elements, self.parallel_min_attention, self.decode_min_keys,
+             self.par_activations) = saved
             self._one_launch = True
 
     def begin_step(self) -> None:
@@ -261,7 +263,7 @@ class PoolBackend(SimdBackend):
 
     def _quantized(self, x):
         """simd's, a prefill's rows split across threads."""
-        if self.threads == 1 or x.shape[0] < Q.PAR_ACTIVATIONS:
+        if self.threads == 1 or x.shape[0] < self.par_activations:
             return super()._quantized(x)
         return self._launch(Q.quantized_par, x, self.threads)
 
