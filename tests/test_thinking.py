@@ -129,3 +129,33 @@ def test_generate_prints_the_answer_without_the_block(qwen3_dir, tmp_path, capsy
     assert cli.main(argv + ["--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["text"] + "\n" == out and got["reasoning"] in ("yes and so", "no and so")
+
+
+def test_the_responses_api_gives_the_block_as_a_reasoning_item(qwen3_dir, monkeypatch):
+    """/v1/responses on the chat's replies: the think block is a reasoning item of its own (its
+    text in reasoning_text parts, streamed as response.reasoning_text deltas), the answer the
+    message's output_text, as gpt-oss's analysis is."""
+    import httpx
+    from test_serve import running, wait_healthy
+
+    from inferno.sequence import Sampler
+    from inferno.serve.app import ServerConfig, build_app
+    app = build_app(ServerConfig(model=str(qwen3_dir), model_id="m", ctx_size=256))
+    with running(app) as url:
+        wait_healthy(url)
+        tok = app.state.inferno.batch.engine.tokenizer
+        ids = tok.encode("<think>\nFrance, then.\n</think>\n\nParis.", add_special_tokens=False)
+        ids.append(tok.hf.token_to_id("<|im_end|>"))
+
+        def choose(self, logits, mask, history):  # every reply writes the script, then ends
+            return next(self.__dict__.setdefault("script", iter(ids)), ids[-1]), None
+        monkeypatch.setattr(Sampler, "choose", choose)
+        body = {"model": "m", "input": "The capital?", "max_output_tokens": 60}
+        out = httpx.post(url + "/v1/responses", json=body, timeout=60).json()["output"]
+        assert [item["type"] for item in out] == ["reasoning", "message"]
+        assert out[0]["content"] == [{"type": "reasoning_text", "text": "France, then."}]
+        assert out[1]["content"][0]["text"] == "Paris."
+        events = httpx.post(url + "/v1/responses", json={**body, "stream": True}, timeout=60).text
+        deltas = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: {")]
+        assert "".join(d["delta"] for d in deltas if d["type"] == "response.reasoning_text.delta") == "France, then."
+        assert "".join(d["delta"] for d in deltas if d["type"] == "response.output_text.delta") == "Paris."
