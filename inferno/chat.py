@@ -17,10 +17,9 @@ from __future__ import annotations
 import sys
 
 from inferno import harmony
-from inferno.calls import collect
-from inferno.thinking import ThinkSplit
 from inferno.engine import Engine, Session
 from inferno.errors import InfernoError
+from inferno.tools import parse_reply, stream_parser
 
 HELP = "/clear forgets the conversation, /bye (or Ctrl-D) quits"
 QUIT = ("/bye", "/exit", "/quit")
@@ -116,7 +115,7 @@ class Shown:
                  hide_reasoning: bool = False):
         self.out, self.thoughts = out, thoughts if thoughts is not None else out
         self.parser = (harmony.StreamParser() if harmony_reply
-                       else ThinkSplit(think) if think is not None else None)
+                       else stream_parser(None, think) if think is not None else None)
         self.hide = hide_reasoning
         self.dim = _isatty(self.thoughts)
         self.reasoning = False  # reasoning is being shown
@@ -177,11 +176,10 @@ class Shown:
 
 def answer(stream) -> tuple[str, str | None]:
     """A finished stream's answer, and its reasoning: a harmony reply's (gpt-oss's) parsed apart
-    (harmony.parse) or a think block's (thinking.ThinkSplit), None where the reply is all
+    (harmony.parse) or a think block's (tools.parse_reply), None where the reply is all
     answer."""
     if stream.think is not None:
-        split = ThinkSplit(stream.think)
-        reasoning, content, _ = collect(split.feed(stream.result.text) + split.finish())
+        reasoning, content, _ = parse_reply(None, stream.result.text, stream.think)
         return content, reasoning or None
     if not stream.harmony:
         return stream.result.text, None

@@ -316,6 +316,14 @@ class Engine:
         channels: reasoning, the answer, calls), or None (the reply is the answer)."""
         return HARMONY if self.speaks_harmony else None
 
+    def think_block(self, prompt_ids) -> str | None:
+        """Whether, and how, a reply to this rendered chat prompt may reason in a think block
+        (thinking.think_mode: TAGS, OPENED or None); never a harmony reply (its own channels)."""
+        if self.speaks_harmony:
+            return None
+        tail = [int(t) for t in prompt_ids[-8:]]
+        return think_mode(self.tokenizer.chat_template, self.tokenizer.decode(tail, skip_special_tokens=False))
+
     def generate(self, prompt: str | list[dict], *, on_text: Callable[[str], None] | None = None,
                  **options) -> GenerationResult:
         """Generate a reply; the options are stream's. `on_text` receives each piece of text as
@@ -383,11 +391,8 @@ class Engine:
         need = ids.size + max_tokens
         slots = session._slots(self, need) if session is not None else need
         seq = Sequence(ids.tolist(), options, self.tokenizer, self.eos)
-        blocks = None  # a thinking model's chat: whether, and how, its reply opens a think block
-        if rendered and reply_format is None:
-            blocks = think_mode(self.tokenizer.chat_template,
-                                self.tokenizer.decode(ids[-8:].tolist(), skip_special_tokens=False))
-        return Stream(self._generate(seq, slots, to_context), harmony=reply_format == HARMONY, think=blocks)
+        return Stream(self._generate(seq, slots, to_context), harmony=reply_format == HARMONY,
+                      think=self.think_block(ids) if rendered else None)
 
     def new_slots(self, count: int, capacity: int, *, growable: bool = False) -> Slots:
         """`count` KV cache slots of `capacity` positions for the generation loop (Scheduler),

@@ -77,11 +77,12 @@ class ThinkSplit:
                 self.state = "answer"
         if self.state == "reasoning":
             end = text.find(CLOSE)
-            if end < 0:
-                keep = 0 if final else _held(text, CLOSE)
-                out += self._reasoning(text[:len(text) - keep].rstrip(_BLANK) if final else text[:len(text) - keep])
+            if end < 0:  # all reasoning so far: out, but for what may be the tag's start
+                if final:
+                    return out + self._reasoning(text.rstrip(_BLANK)) + self._answer("", final)
+                keep = _held(text, CLOSE)
                 self.held = text[len(text) - keep:]
-                return out + (self._answer("", final) if final else [])
+                return out + self._reasoning(text[:len(text) - keep])
             out += self._reasoning(text[:end].rstrip(_BLANK))
             self.state, text = "after", text[end + len(CLOSE):]
         if self.state == "after":  # the blank lines between the reasoning and the answer

@@ -9,6 +9,7 @@ import json
 import random
 
 import pytest
+from test_serve import THINKING, running, wait_healthy
 
 from inferno.calls import collect
 from inferno.thinking import OPENED, TAGS, ThinkSplit, think_mode
@@ -75,8 +76,7 @@ def test_which_replies_reason():
 
 
 # -- the CLI and the Python API: the tiny Qwen3's template has Qwen3's think block ------------------
-# A reply that opens one, held to a grammar (a random model would not write it).
-THINKING = 'root ::= "<think>\\n" ("yes" | "no") " and so\\n</think>\\n\\n" ("Paris" | "Rome") "."'
+# (THINKING: a grammar that makes a reply open one; a random model would not write it.)
 
 
 class TTY(io.StringIO):
@@ -136,7 +136,6 @@ def test_the_responses_api_gives_the_block_as_a_reasoning_item(qwen3_dir, monkey
     text in reasoning_text parts, streamed as response.reasoning_text deltas), the answer the
     message's output_text, as gpt-oss's analysis is."""
     import httpx
-    from test_serve import running, wait_healthy
 
     from inferno.sequence import Sampler
     from inferno.serve.app import ServerConfig, build_app

@@ -42,7 +42,6 @@ from inferno.serve.protocol import (APIError, ChatRequest, CompletionRequest, Em
                                     Response, TokenText, embeddings_body, usage)
 from inferno import harmony as H
 from inferno.constrain import ANY_OBJECT
-from inferno.thinking import think_mode
 from inferno.tools import HARMONY, functions, tool_choice_grammar
 from inferno.serve.batch import BatchEngine, Closed, Handle, QueueFull
 
@@ -284,8 +283,7 @@ def build_app(config: ServerConfig, load: Callable[[Metrics], BatchEngine] | Non
         options = req.options(engine.sampling, max_tokens, req.logprobs, req.top_logprobs or 0, grammar,
                               tool_format, config.speculative, config.spec_type)
         fenced = grammar is not None and grammar.fenced
-        think = None if fenced or tool_format == HARMONY or config.reasoning_format == "none" else \
-            think_mode(engine.tokenizer.chat_template, engine.tokenizer.decode(ids[-8:], skip_special_tokens=False))
+        think = None if fenced or config.reasoning_format == "none" else engine.think_block(ids)
         return (Response("chat", req.model, state.tokens, tool_format, fenced=fenced, think=think),
                 submit(batch, ids, options, req.n, "max_completion_tokens"))
 
