@@ -158,3 +158,14 @@ def test_the_responses_api_gives_the_block_as_a_reasoning_item(qwen3_dir, monkey
         deltas = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: {")]
         assert "".join(d["delta"] for d in deltas if d["type"] == "response.reasoning_text.delta") == "France, then."
         assert "".join(d["delta"] for d in deltas if d["type"] == "response.output_text.delta") == "Paris."
+
+
+def test_reasoning_format_takes_auto_or_none(capsys):
+    from inferno import cli
+    parser = cli.build_parser()
+    assert parser.parse_args(["serve"]).reasoning_format == "auto"
+    assert parser.parse_args(["serve", "--reasoning-format", "none"]).reasoning_format == "none"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--reasoning-format", "deepseek"])
+    err = capsys.readouterr().err  # argparse's one line, naming the flag, the value and the choices
+    assert "--reasoning-format" in err and "invalid choice: 'deepseek'" in err and "none" in err
