@@ -40,9 +40,26 @@ def next_length(length: int, drafted: int, accepted: int, most: int) -> int:
     return min(most, length + 2) if accepted == drafted else max(1, length - 1)
 
 
+# The most a lookup may draft, by how many tokens of context its place shares with the
+# sequence's end (at least NGRAM_MIN): (shared at least, tokens). The longer the agreement, the
+# likelier the continuation holds: of SmolLM2's lookups on grounded tasks, one sharing 2 tokens
+# had its first token accepted about half the time and its first four a quarter, one sharing 9
+# or more nearly always, while each checked row costs about a fifth of a step
+# (bench/RESULTS.md, "Lookup drafts cut to what their match supports").
+EARNED = ((NGRAM_MIN, 2), (3, 4), (9, DRAFT_MAX))
+
+
+def earned(shared: int) -> int:
+    """The most tokens a lookup sharing `shared` tokens of context may draft (EARNED)."""
+    return max((k for least, k in EARNED if shared >= least), default=0)
+
+
 class NgramDrafter:
     """One sequence's drafts by prompt lookup (the interface every drafter has: `propose` up to
-    some tokens, `learn` from how many the model confirmed). The length follows next_length; a
+    some tokens, `learn` from how many the model confirmed). The length follows next_length,
+    and a lookup drafts no more than its match supports (`earned`): a long context shared is
+    no promise where the reply is about to part from it (an agent's turn that repeats the last
+    turn's words up to a new name), and a long run accepted none where the match is new. A
     draft the model rejects from its first token also pauses drafting, for 1, 2, 4 ... up to
     BACKOFF_MAX steps while that goes on, so free text, where lookups rarely hold, pays for few
     checks."""
@@ -65,7 +82,8 @@ class NgramDrafter:
         return self.draft(tokens, min(self.length, room))
 
     def draft(self, tokens: list[int], k: int) -> list[int]:
-        return ngram_draft(tokens, k)
+        start, shared = ngram_place(tokens)
+        return tokens[start:start + min(k, earned(shared))] if start else []
 
     def learn(self, drafted: int, accepted: int) -> None:
         self.length = next_length(self.length, drafted, accepted, self.most)
@@ -216,8 +234,8 @@ def vote(tokens: list[int], runs: list[tuple[list[int], int]], k: int) -> tuple[
 
 class SuffixDrafter(NgramDrafter):
     """Prompt lookup over the sequence itself, and the earlier replies in `replies`: whichever
-    shares the longer context with the sequence's end drafts (the sequence itself on a tie);
-    the length and the pauses follow NgramDrafter's rules."""
+    shares the longer context with the sequence's end drafts (the sequence itself on a tie), no
+    more than that context earned; the length and the pauses follow NgramDrafter's rules."""
 
     def __init__(self, most: int, replies: Replies):
         super().__init__(most)
@@ -227,8 +245,8 @@ class SuffixDrafter(NgramDrafter):
         own, shared = ngram_place(tokens)
         theirs, context = self.replies.draft(tokens, k)
         if theirs and context > shared:
-            return theirs
-        return tokens[own:own + k] if own else []
+            return theirs[:earned(context)]
+        return tokens[own:own + min(k, earned(shared))] if own else []
 
 
 class ModelDrafter(NgramDrafter):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import inferno
-from inferno.draft import DRAFT_MAX, NgramDrafter, Replies, SuffixDrafter, next_length, ngram_draft
+from inferno.draft import DRAFT_MAX, NgramDrafter, Replies, SuffixDrafter, earned, next_length, ngram_draft
 from inferno.errors import InfernoError
 from inferno.loading.resolve import resolve
 from inferno.scheduler import Scheduler
@@ -39,6 +39,25 @@ def test_the_draft_length_follows_the_acceptance():
     assert next_length(8, 8, 8, 8) == 8 and next_length(4, 4, 4, 8) == 6  # all accepted: longer
     assert next_length(4, 4, 1, 8) == 3 and next_length(1, 1, 0, 8) == 1  # a rejection: shorter
     assert next_length(5, 0, 0, 8) == 5  # nothing drafted: unchanged
+
+
+def test_a_lookup_drafts_no_more_than_its_shared_context_supports():
+    """Whatever length acceptance has earned, a lookup whose place shares two tokens of context
+    drafts at most two; three to eight, four; nine or more, all the length allows (and no more
+    than followed the match)."""
+    assert [earned(n) for n in (0, 1, 2, 3, 8, 9, 64)] == [0, 0, 2, 4, 4, DRAFT_MAX, DRAFT_MAX]
+    run = list(range(100, 140))
+    d = NgramDrafter(16)
+    assert d.draft([7, 8, *run, 1, 7, 8], 16) == [100, 101]  # 7 8: two shared
+    assert d.draft([6, 7, 8, *run, 1, 6, 7, 8], 16) == run[:4]  # 6 7 8: three
+    assert d.draft([*run, 1, *run[:9]], 16) == run[9:25]  # nine shared: all 16
+    assert d.draft([*run[:12], 1, *run[:9]], 16) == [*run[9:12], 1, *run[:9]]  # all that followed it
+    d.length = 6  # earned by acceptance, and here by the match too
+    assert d.propose([*run, 1, *run[:9]], 20) == run[9:15] and d.propose([6, 7, 8, *run, 1, 6, 7, 8], 20) == run[:4]
+    s = SuffixDrafter(16, Replies())
+    s.replies.add([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17])
+    assert s.draft([0, 6, 7, 8], 16) == [9, 10, 11, 12]  # a reply sharing three tokens: four
+    assert s.draft([5, 6, 7, 8, 9, 10, 11, 12, 13], 16) == [14, 15, 16, 17]  # nine: all there is
 
 
 def test_drafts_that_keep_failing_pause_drafting_longer_each_time():
