@@ -8,10 +8,12 @@ the logits k + 1 decode steps would). And the slot must hold no rejected draft's
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import inferno
-from inferno.draft import DRAFT_MAX, NgramDrafter, Replies, SuffixDrafter, earned, next_length, ngram_draft
+from inferno.draft import (DRAFT_MAX, Lookup, NgramDrafter, Replies, SuffixDrafter, earned, next_length, ngram_draft,
+                          ngram_place)
 from inferno.errors import InfernoError
 from inferno.loading.resolve import resolve
 from inferno.scheduler import Scheduler
@@ -33,6 +35,23 @@ def test_ngram_draft_proposes_what_followed_the_latest_match():
     assert ngram_draft([4, 1, 4, 2, 4, 1], 1) == [4]  # the latest of two matches
     assert ngram_draft([1, 9, 8, 1], 5) == []  # one token alone is no match (NGRAM_MIN)
     assert ngram_draft([1, 2, 3], 4) == [] and ngram_draft([1, 2, 1, 2], 0) == []
+
+
+def test_the_growing_index_finds_what_the_scan_finds():
+    """Lookup.place, indexed as the sequence grows (a prompt at once, then a token or a few a
+    step), gives ngram_place's answer at every step, on sequences of few distinct tokens (many
+    matches, of every length) and of many; a sequence that is not the last one grown is indexed
+    afresh."""
+    rng = np.random.default_rng(0)
+    for vocab in (3, 5, 50):
+        tokens = [int(t) for t in rng.integers(0, vocab, 30)]
+        lookup = Lookup()
+        for _ in range(60):
+            assert lookup.place(tokens) == ngram_place(tokens), (vocab, len(tokens))
+            tokens += [int(t) for t in rng.integers(0, vocab, rng.integers(1, 4))]
+        for other in (tokens[:40], [tokens[0] + 1, *tokens[1:]], tokens[:-1] + [vocab], []):
+            assert lookup.place(other) == ngram_place(other)
+    assert Lookup().place([1, 2]) == (0, 0) and Lookup().place([1, 2, 1, 2]) == (2, 2)
 
 
 def test_the_draft_length_follows_the_acceptance():
