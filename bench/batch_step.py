@@ -24,6 +24,31 @@ import inferno
 from inferno.model.decoder import Segment
 
 
+def step_ms(engine, B: int, *, check: bool, context: int, steps: int, rng, before=None) -> float:
+    """The median of `steps` timed steps (after two untimed), ms: B sequences one token each
+    after `context` cached tokens of their own, or (`check`) one sequence's B rows with every
+    row's logits, each time at the same place (its rows overwrite the last check's). `before`
+    is called between the prefill and the steps."""
+    model, ops = engine.model, engine.ops
+    vocab = engine.config.vocab_size
+    slots = 1 if check else B
+    cache = model.new_cache(context + (B if check else steps + 2), slots=slots)
+    for s in range(slots):  # each slot's context, one prefill each
+        model.step([Segment(rng.integers(0, vocab, context), s, 0, logits=False)], cache)
+    if before is not None:
+        before()
+    times = []
+    for k in range(steps + 2):
+        if check:
+            segs = [Segment(rng.integers(0, vocab, B), 0, context, every_row=True)]
+        else:
+            segs = [Segment(rng.integers(0, vocab, 1), s, context + k) for s in range(B)]
+        t0 = time.perf_counter()
+        ops.to_numpy(model.step(segs, cache))
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[2:])) * 1e3
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-m", "--model", default=None)
@@ -37,10 +62,9 @@ def main() -> None:
     args = p.parse_args()
     opts = {} if args.int8 == "default" else {"int8_activations": args.int8 == "on"}
     engine = inferno.load(args.model, backend=args.backend, progress=False, trace=args.trace, **opts)
-    model, ops = engine.model, engine.ops
+    ops = engine.ops
     sizes = [int(b) for b in args.batches.split(",")]
     rng = np.random.default_rng(0)
-    vocab = engine.config.vocab_size
     base = None
     print(f"{engine.source}, {args.backend}, {args.context} cached tokens per sequence")
     if args.check:
@@ -48,22 +72,8 @@ def main() -> None:
     else:
         print("|  B | step ms | tokens/s | vs B=1 |\n| ---: | ---: | ---: | ---: |")
     for B in sizes:
-        slots = 1 if args.check else B
-        cache = model.new_cache(args.context + (B if args.check else args.steps + 2), slots=slots)
-        for s in range(slots):  # each slot's context, one prefill each
-            model.step([Segment(rng.integers(0, vocab, args.context), s, 0, logits=False)], cache)
-        if args.trace:
-            ops.reset()
-        times = []
-        for k in range(args.steps + 2):
-            if args.check:  # the same place each time: the check's rows overwrite the last one's
-                segs = [Segment(rng.integers(0, vocab, B), 0, args.context, every_row=True)]
-            else:
-                segs = [Segment(rng.integers(0, vocab, 1), s, args.context + k) for s in range(B)]
-            t0 = time.perf_counter()
-            ops.to_numpy(model.step(segs, cache))
-            times.append(time.perf_counter() - t0)
-        ms = float(np.median(times[2:])) * 1e3
+        ms = step_ms(engine, B, check=args.check, context=args.context, steps=args.steps, rng=rng,
+                     before=ops.reset if args.trace else None)
         if args.check:
             base = base or ms
             print(f"| {B:2d} | {ms:7.2f} | {ms / base:5.2f}x |")

@@ -20,36 +20,23 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 import inferno
 from inferno import draft
-from inferno.model.decoder import Segment
 
 sys.path.insert(0, str(Path(__file__).parent))
+from batch_step import step_ms  # noqa: E402
 from speculative import TASKS  # noqa: E402
 
 
 def check_costs(engine, rows: list[int], steps: int = 40, context: int = 100) -> dict[int, float]:
     """A check of r rows (one sequence, every row's logits) against one row's step, medians."""
-    model, ops = engine.model, engine.ops
     rng = np.random.default_rng(0)
-    vocab = engine.config.vocab_size
-    out = {}
-    for r in rows:
-        cache = model.new_cache(context + r, slots=1)
-        model.step([Segment(rng.integers(0, vocab, context), 0, 0, logits=False)], cache)
-        times = []
-        for _ in range(steps + 2):
-            seg = Segment(rng.integers(0, vocab, r), 0, context, every_row=True)
-            t0 = time.perf_counter()
-            ops.to_numpy(model.step([seg], cache))
-            times.append(time.perf_counter() - t0)
-        out[r] = float(np.median(times[2:]))
-    return {r: t / out[rows[0]] for r, t in out.items()}
+    ms = {r: step_ms(engine, r, check=True, context=context, steps=steps, rng=rng) for r in rows}
+    return {r: t / ms[rows[0]] for r, t in ms.items()}
 
 
 class Cut:
