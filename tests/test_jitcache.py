@@ -285,6 +285,79 @@ def test_symbols_from_the_object_file_are_the_bitcodes():
     assert jitcache.elf_defined_symbols(b"\x7fELF\x02\x01" + bytes(58)) is None  # no sections: no symbol table
 
 
+CALLEES = """
+import json, sys
+import numpy as np
+from numba import njit
+from inferno.backends.numba import dense, jitcache, pool
+if sys.argv[1] == "numba":
+    jitcache._LATER = False  # Numba's way: every compiled function's machine code made at once
+jitcache.load_kernels_lazily()
+x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(3, 8)
+
+
+@njit
+def caller(x, out, r0):  # never cached: softmax_rows (and exp_into below it) compile as callees
+    dense.softmax_rows(x, out, r0, x.shape[0])
+
+
+linked = np.empty_like(x)
+caller(x, linked, 0)
+callee = next(iter(dense.softmax_rows.overloads.values()))
+before = dict(entry=type(callee.entry_point).__name__, waits=bool(getattr(callee.library, "_pending", False)))
+direct = np.empty_like(x)
+dense.softmax_rows(x, direct, 0, 3)  # from Python now: its code made (and put in the cache)
+dense.softmax_rows(x, direct, 0, 3)  # from the dispatcher's table
+shared = np.empty_like(x)
+pool._softmax(x, shared, 2)  # an entry with a prange: its body and the body's wrapper only linked
+body = [lib for lib in next(iter(pool._softmax.overloads.values())).library._linking_libraries]
+print(json.dumps(dict(before=before, waits=bool(getattr(callee.library, "_pending", False)),
+                      linked=linked.tolist(), direct=direct.tolist(), shared=shared.tolist(),
+                      body={lib.name: bool(getattr(lib, "_pending", False)) for lib in body})))
+"""
+
+
+def test_a_callees_machine_code_is_made_when_python_calls_it(tmp_path):
+    """A kernel compiled while another is typed (softmax_rows, under a caller of the test's) gets
+    no machine code of its own: the caller runs its own copy of the callee's IR, as it did, and
+    computes what it computed with Numba's way. Called from Python, the callee's code is made
+    then and computes the same. An entry with a prange (pool's) links its body's library and the
+    body's wrapper's, which make no code of their own either. Its cache entry holds bitcode until then and its code after (the
+    next process loads that), and a callee that no Python calls (exp_into, below softmax_rows)
+    stays bitcode. Fresh processes, kernel caches of their own."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+
+    def run(how, cache):
+        p = subprocess.run([sys.executable, "-c", CALLEES, how], capture_output=True, text=True, timeout=600,
+                           env={**env, "INFERNO_KERNELS": str(tmp_path / cache)})
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout.splitlines()[-1])
+
+    def kinds(cache):  # each cached kernel's name -> how its machine code is kept
+        import pickle
+        found = {}
+        for data in (tmp_path / cache).rglob("*.nbc"):
+            libdata = pickle.loads(data.read_bytes())[0]  # (name, kind, what it holds)
+            found[data.name.split("-")[0]] = libdata[1]
+        return found
+
+    numba, later = run("numba", "a"), run("later", "b")
+    assert numba["before"] == dict(entry="builtin_function_or_method", waits=False)
+    assert later["before"] == dict(entry="_Callee", waits=True) and not later["waits"]
+    assert later["linked"] == numba["linked"] and later["direct"] == later["linked"]
+    assert later["shared"] == later["linked"] == numba["shared"]
+    made = {name: dict(sorted(out["body"].items())) for name, out in (("numba", numba), ("later", later))}
+    assert [n.split("_0x")[0] for n in made["later"]] == ["__numba_parfor_gufunc", "nrt", "parallelgufuncwrapper"]
+    assert not any(made["numba"].values())  # Numba's way: each made its machine code
+    assert [made["later"][n] for n in made["later"]] == [True, False, True]  # (nrt: made as Numba starts)
+    assert kinds("a") == {"dense.softmax_rows": "object", "dense.exp_into": "object", "pool._softmax": "object"}
+    assert kinds("b") == {"dense.softmax_rows": "object", "dense.exp_into": "bitcode", "pool._softmax": "object"}
+    again = run("later", "b")  # softmax_rows loaded, exp_into's bitcode never needed
+    assert again["before"] == dict(entry="builtin_function_or_method", waits=False)
+    assert again["linked"] == later["linked"] and kinds("b")["dense.exp_into"] == "bitcode"
+
+
 CLOSURES = """
 import json, sys
 import numpy as np

@@ -40,6 +40,19 @@ the library defines: about 10 ms a kernel here, half of a warm load's kernel tim
 kernels take the list from the object file's symbol table instead (ELF: the same names, less
 the private lookup tables nobody asks for), and the bitcode is parsed only if a kernel compiled
 later links against them (`_ObjectLibrary`).
+
+A callee's machine code is made only if something runs it (`_later`). Numba compiles a function
+that another calls while it types the caller, and makes that callee's machine code at once, to
+hand its dispatcher a pointer; but the caller links the callee's IR into its own module,
+optimises it there and makes machine code of it again, and runs that. The callee's own code is
+run only if Python calls the callee too, which a kernel's callees (a row kernel under a kind's
+entry) mostly never are: making it was 12-19% of a cold compile (bench/RESULTS.md). So a
+function compiled while another is typed gets a stand-in for its entry point (`_Callee`); its
+library is optimised and linked as before, its machine code made on the first call from Python,
+if one comes, and it is cached as the bitcode its callers link. (That IR is the optimiser's
+output as it is: making machine code had rewritten the module in place, LLVM's code generation
+preparing it, and callers linked that. So their machine code moves a little; bench/RESULTS.md
+has the kernels' speed before and after.)
 """
 
 from __future__ import annotations
@@ -63,17 +76,26 @@ from inferno.backends.numba import compiler
 try:
     import llvmlite.binding as ll
     from numba.core import caching
-    from numba.core.codegen import JITCodeLibrary
+    from numba.core.codegen import JITCodeLibrary, JITCPUCodegen
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.cpu import CPUContext
     from numba.core.dispatcher import Dispatcher
+    from numba.core.environment import lookup_environment
     from numba.core.runtime import rtsys
     _SUPPORTED = all(hasattr(caching.Cache, name) for name in ("_load_overload", "_save_overload", "_guard_against_spurious_io_errors"))
     _LAZY_BITCODE = _SUPPORTED and all(hasattr(JITCodeLibrary, name) for name in (
         "_unserialize", "enable_object_caching", "_set_compiled_object", "_finalize_final_module",
         "_get_module_for_linking"))
+    _LATER = _LAZY_BITCODE and all(hasattr(JITCodeLibrary, name) for name in (
+        "_finalize_dynamic_globals", "_verify_declare_only_symbols", "serialize_using_bitcode",
+        "get_pointer_to_function", "_get_compiled_object")) and all(
+        hasattr(Dispatcher, name) for name in ("add_overload", "_insert")) and hasattr(
+        CPUContext, "get_executable") and hasattr(JITCPUCodegen, "set_env")
+    _SET_ENV = getattr(JITCPUCodegen, "set_env", None)  # (Numba's, _set_env below calls it)
     _LOCATORS = (isinstance(getattr(getattr(caching, "CacheImpl", None), "_locator_classes", None), list)
                  and hasattr(caching, "_SourceFileBackedLocatorMixin") and hasattr(caching, "_CacheLocator"))
 except ImportError:  # a Numba whose internals moved: keep its own loading
-    _SUPPORTED = _LOCATORS = _LAZY_BITCODE = False
+    _SUPPORTED = _LOCATORS = _LAZY_BITCODE = _LATER = False
 
 
 try:
@@ -321,10 +343,20 @@ if _LAZY_BITCODE:
         bitcode waits as bytes for a kernel that links against it. Anything else is Numba's."""
 
         _linking_bitcode: bytes | None = None
+        _later = False  # its machine code made when asked for, not when finalised (a callee's)
+        _pending = False  # finalised (linkable) with its machine code not made yet
+        _from_bitcode = False  # loaded from a cache entry of bitcode (a callee's, _save_overload)
 
         @classmethod
         def _unserialize(cls, codegen, state):
             name, kind, data = state
+            if kind == "bitcode" and getattr(_loading, "ours", False) and isinstance(data, bytes):
+                self = codegen.create_library(name)  # a callee's: its code made when asked for
+                self.enable_object_caching()
+                self._final_module = ll.parse_bitcode(data)
+                self._later = self._from_bitcode = True
+                self._finalize_final_module()
+                return self
             engine = codegen._engine
             ours = (kind == "object" and getattr(_loading, "ours", False)
                     and isinstance(getattr(engine, "_defined_symbols", None), set)
@@ -347,6 +379,145 @@ if _LAZY_BITCODE:
                 self._linking_bitcode = None
             return super()._get_module_for_linking()
 
+        def _finalize_final_module(self):
+            """Numba's, less the machine code where it is to wait (_later): the library is
+            then finalised (callers link it) and its code made by _emit, when asked for."""
+            if not self._later:
+                super()._finalize_final_module()
+                self._set_environments()
+                return
+            self._finalize_dynamic_globals()  # (the cache reads them: such code is not cached)
+            self._verify_declare_only_symbols()
+            self._finalized = self._pending = True
+
+        def add_linking_library(self, library):
+            if isinstance(library, _ObjectLibrary) and _LATER and not library._finalized:
+                library._later = True  # finalised to be linked (a prange's wrapper, a subroutine)
+            super().add_linking_library(library)
+
+        def _emit(self):
+            """The machine code of a library that was waiting for it (_later)."""
+            if self._pending:
+                self._pending = self._later = False
+                del self._dynamic_globals[:]  # (found again)
+                super()._finalize_final_module()
+                self._set_environments()
+
+        def _set_environments(self):
+            """Point each environment this code refers to at its object. Numba sets a function's
+            own as it makes the entry point, and a callee's when it makes the callee's (the
+            caller's copy of the variable is bound to the one made first), or when it loads a
+            caller from the cache (its `referenced_envs`, which _set_env skips while the code
+            waits). A callee whose code waited had none made: its caller's copy is set here."""
+            for variable in self._final_module.global_variables if _LATER else ():
+                if variable.name.startswith("_ZN08NumbaEnv") and not variable.is_declaration:
+                    env = lookup_environment(variable.name)
+                    if env is not None:
+                        _SET_ENV(self._codegen, variable.name, env)
+
+        def get_pointer_to_function(self, name):
+            self._ensure_finalized()
+            self._emit()
+            return super().get_pointer_to_function(name)
+
+        def _get_compiled_object(self):
+            self._emit()
+            return super()._get_compiled_object()
+
+        def serialize_using_object_code(self):
+            self._ensure_finalized()
+            if self._pending:  # never run: cached as the bitcode its callers link
+                return self.serialize_using_bitcode()
+            return super().serialize_using_object_code()
+
+
+# -- a callee's machine code, made if something runs it (module docstring) ---------------------
+_compiles = threading.local()  # .depth: the Dispatcher.compile calls in progress on this thread
+
+
+def _counted(compile_):
+    """Dispatcher.compile, counting the calls in progress (a call inside another is a callee's:
+    the caller's typing compiles it, or loads it from the cache)."""
+    @functools.wraps(compile_)
+    def compile(self, sig):
+        _compiles.depth = getattr(_compiles, "depth", 0) + 1
+        try:
+            return compile_(self, sig)
+        finally:
+            _compiles.depth -= 1
+    compile.counted = True
+    return compile
+
+
+if _LATER and not getattr(Dispatcher.compile, "counted", False):
+    Dispatcher.compile = _counted(Dispatcher.compile)
+
+
+class _Callee:
+    """The entry point of a function compiled (or loaded) while another is typed, until Python
+    calls it: then Numba's own entry point is made (and with it the machine code) and goes in the
+    dispatcher's table, which Python's calls take from then on. Until then Numba's dispatcher
+    finds no entry in its table for the types and falls back to the overload's entry point, this
+    object, which it calls as a Python callable. (Numba's typing only looks it up: the key of the
+    function's implementation.)"""
+
+    def __init__(self, make):
+        self._make = make  # () -> Numba's entry point (get_executable's)
+        self._real = None
+        self._dispatcher = self._cres = None  # (_add_overload)
+
+    def __call__(self, *args, **kws):
+        if self._real is None:
+            with global_compiler_lock:
+                if self._real is None:
+                    real = self._make()
+                    if self._dispatcher is not None:
+                        sig = tuple(self._cres.signature.args)
+                        self._dispatcher._insert([t._code for t in sig], real, self._cres.objectmode)
+                        self._cres.library._from_bitcode = False
+                        self._dispatcher._cache.save_overload(sig, self._cres)  # (its code now)
+                    self._real = real
+        return self._real(*args, **kws)
+
+
+_GUFUNC = "__numba_parfor_gufunc"  # the name of a prange's body, compiled as its entry is lowered
+
+
+def _get_executable(context, library, fndesc, env):
+    """CPUContext.get_executable: for a callee (a compile inside another, or a prange's body,
+    which its entry links), a _Callee, its library left to make its machine code when asked for."""
+    callee = getattr(_compiles, "depth", 0) >= 2 or fndesc.qualname.startswith(_GUFUNC)
+    waits = callee and isinstance(library, _ObjectLibrary)
+    if waits and not library._finalized:
+        library._later = True
+    if waits and library._later:
+        return _Callee(lambda: _get_executable.original(context, library, fndesc, env))
+    return _get_executable.original(context, library, fndesc, env)
+
+
+def _set_env(codegen, env_name, env):
+    """JITCPUCodegen.set_env, skipped for an environment whose code is not made yet (a cached
+    callee's, loaded as bitcode: _ObjectLibrary._set_environments sets it when it is)."""
+    if codegen._engine.get_global_value_address(env_name):
+        _SET_ENV(codegen, env_name, env)
+
+
+def _add_overload(dispatcher, cres):
+    """Dispatcher.add_overload; a _Callee's overload is kept for typing, out of the table."""
+    entry = cres.entry_point
+    if not isinstance(entry, _Callee):
+        return _add_overload.original(dispatcher, cres)
+    entry._dispatcher, entry._cres = dispatcher, cres
+    dispatcher.overloads[tuple(cres.signature.args)] = cres
+
+
+def _emit_callees_later() -> None:
+    """Install the two patches above, once (before the first compile of a process)."""
+    if _LATER and getattr(CPUContext.get_executable, "original", None) is None:
+        _get_executable.original, CPUContext.get_executable = CPUContext.get_executable, _get_executable
+        _add_overload.original, Dispatcher.add_overload = Dispatcher.add_overload, _add_overload
+        JITCPUCodegen.set_env = _set_env
+
 
 def _use_object_libraries(target_context) -> None:
     """Have the CPU codegen make _ObjectLibrary objects (they are Numba's own unless loaded by
@@ -363,6 +534,7 @@ def _load_overload(cache, sig, target_context):
     global _told
     rtsys.initialize(target_context)  # the one part of the refresh a loaded kernel calls into
     _use_object_libraries(target_context)
+    _emit_callees_later()
     found, outer = None, getattr(_loading, "ours", False)
     _loading.ours = True
     try:
@@ -373,6 +545,10 @@ def _load_overload(cache, sig, target_context):
                 break
     finally:
         _loading.ours = outer
+    library = getattr(found, "library", None)
+    if getattr(library, "_from_bitcode", False) and not library._pending:
+        library._from_bitcode = False  # a callee's bitcode, run after all: its code kept now
+        _save_overload(cache, sig, found)
     if found is None:
         _misses[0] += 1
         compiler.apply()  # Numba compiles next: its inliner and SSA made to do less (not at
