@@ -46,10 +46,14 @@ that another calls while it types the caller, and makes that callee's machine co
 hand its dispatcher a pointer; but the caller links the callee's IR into its own module,
 optimises it there and makes machine code of it again, and runs that. The callee's own code is
 run only if Python calls the callee too, which a kernel's callees (a row kernel under a kind's
-entry) mostly never are: making it was 12-19% of a cold compile (bench/RESULTS.md). So a
-function compiled while another is typed gets a stand-in for its entry point (`_Callee`); its
-library is optimised and linked as before, its machine code made on the first call from Python,
-if one comes, and it is cached as the bitcode its callers link. (That IR is the optimiser's
+entry) mostly never are. A prange's body was worse: compiled as its entry is lowered, made into
+machine code, wrapped, the wrapper made into machine code with the body inside, then both linked
+into the entry and made again: a parallel entry's kernels three times over. So a function
+compiled while another is typed, and a prange's body, get a stand-in for their entry point
+(`_Callee`), and a library first finalised to be linked (the body's wrapper) waits too; each is
+optimised and linked as before, its machine code made on the first call from Python, if one
+comes, and it is cached as the bitcode its callers link (bench/RESULTS.md: a cold suite in 0.84x
+the CPU). (That IR is the optimiser's
 output as it is: making machine code had rewritten the module in place, LLVM's code generation
 preparing it, and callers linked that. So their machine code moves a little; bench/RESULTS.md
 has the kernels' speed before and after.)
