@@ -52,8 +52,8 @@ into the entry and made again: a parallel entry's kernels three times over. So a
 compiled while another is typed, and a prange's body, get a stand-in for their entry point
 (`_Callee`), and a library first finalised to be linked (the body's wrapper) waits too; each is
 optimised and linked as before, its machine code made on the first call from Python, if one
-comes, and it is cached as the bitcode its callers link (bench/RESULTS.md: a cold suite in 0.84x
-the CPU). (That IR is the optimiser's
+comes, and it is cached as the bitcode its callers link (bench/RESULTS.md has the compile
+times before and after). (That IR is the optimiser's
 output as it is: making machine code had rewritten the module in place, LLVM's code generation
 preparing it, and callers linked that. So their machine code moves a little; bench/RESULTS.md
 has the kernels' speed before and after.)
@@ -561,7 +561,7 @@ def _load_overload(cache, sig, target_context):
         _told = True
         last = last_compile()
         took = (f"{last:.0f} s here last time" if last is not None else
-                "16 s to the default model's first answer on a 2-core Zen 5")
+                "tens of seconds on 2 cores, the kernels of each weight kind")
         print(f"note: compiling inferno's kernels for this CPU and these weight types, once ({took}; "
               f"Numba's cache keeps them for later loads)", file=sys.stderr, flush=True)
         _Ticker.start()
