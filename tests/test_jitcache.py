@@ -310,7 +310,7 @@ dense.softmax_rows(x, direct, 0, 3)  # from Python now: its code made (and put i
 dense.softmax_rows(x, direct, 0, 3)  # from the dispatcher's table
 shared = np.empty_like(x)
 pool._softmax(x, shared, 2)  # an entry with a prange: its body and the body's wrapper only linked
-body = [lib for lib in next(iter(pool._softmax.overloads.values())).library._linking_libraries]
+body = next(iter(pool._softmax.overloads.values())).library._linking_libraries
 print(json.dumps(dict(before=before, waits=bool(getattr(callee.library, "_pending", False)),
                       linked=linked.tolist(), direct=direct.tolist(), shared=shared.tolist(),
                       body={lib.name: bool(getattr(lib, "_pending", False)) for lib in body})))
@@ -321,10 +321,11 @@ def test_a_callees_machine_code_is_made_when_python_calls_it(tmp_path):
     """A kernel compiled while another is typed (softmax_rows, under a caller of the test's) gets
     no machine code of its own: the caller runs its own copy of the callee's IR, as it did, and
     computes what it computed with Numba's way. Called from Python, the callee's code is made
-    then and computes the same. An entry with a prange (pool's) links its body's library and the
-    body's wrapper's, which make no code of their own either. Its cache entry holds bitcode until then and its code after (the
+    then and computes the same; its cache entry holds bitcode until then and its code after (the
     next process loads that), and a callee that no Python calls (exp_into, below softmax_rows)
-    stays bitcode. Fresh processes, kernel caches of their own."""
+    stays bitcode. An entry with a prange (pool's) links its body's library and the body's
+    wrapper's, which make no code of their own either. Fresh processes, kernel caches of their
+    own."""
     import os
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
 

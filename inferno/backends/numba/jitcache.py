@@ -52,11 +52,10 @@ into the entry and made again: a parallel entry's kernels three times over. So a
 compiled while another is typed, and a prange's body, get a stand-in for their entry point
 (`_Callee`), and a library first finalised to be linked (the body's wrapper) waits too; each is
 optimised and linked as before, its machine code made on the first call from Python, if one
-comes, and it is cached as the bitcode its callers link (bench/RESULTS.md has the compile
-times before and after). (That IR is the optimiser's
-output as it is: making machine code had rewritten the module in place, LLVM's code generation
-preparing it, and callers linked that. So their machine code moves a little; bench/RESULTS.md
-has the kernels' speed before and after.)
+comes, and it is cached as the bitcode its callers link. That IR is the optimiser's output as it
+is (making machine code had rewritten the module in place, LLVM's code generation preparing it,
+and callers linked that), so their machine code moves a little; bench/RESULTS.md has the compile
+times and the kernels' speed before and after.
 """
 
 from __future__ import annotations
@@ -478,7 +477,6 @@ class _Callee:
                     if self._dispatcher is not None:
                         sig = tuple(self._cres.signature.args)
                         self._dispatcher._insert([t._code for t in sig], real, self._cres.objectmode)
-                        self._cres.library._from_bitcode = False
                         self._dispatcher._cache.save_overload(sig, self._cres)  # (its code now)
                     self._real = real
         return self._real(*args, **kws)
@@ -516,7 +514,7 @@ def _add_overload(dispatcher, cres):
 
 
 def _emit_callees_later() -> None:
-    """Install the two patches above, once (before the first compile of a process)."""
+    """Install the three patches above, once (before a process's first compile or load)."""
     if _LATER and getattr(CPUContext.get_executable, "original", None) is None:
         _get_executable.original, CPUContext.get_executable = CPUContext.get_executable, _get_executable
         _add_overload.original, Dispatcher.add_overload = Dispatcher.add_overload, _add_overload
@@ -551,8 +549,7 @@ def _load_overload(cache, sig, target_context):
         _loading.ours = outer
     library = getattr(found, "library", None)
     if getattr(library, "_from_bitcode", False) and not library._pending:
-        library._from_bitcode = False  # a callee's bitcode, run after all: its code kept now
-        _save_overload(cache, sig, found)
+        _save_overload(cache, sig, found)  # a callee's bitcode, run after all: its code kept now
     if found is None:
         _misses[0] += 1
         compiler.apply()  # Numba compiles next: its inliner and SSA made to do less (not at
