@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hf_gguf import one_parse
 
 import inferno
 from inferno.formats.gguf_file import read_gguf
@@ -44,8 +45,9 @@ def oracle(gguf_path):
 
     tokenizer = tokenizer_from_gguf(read_gguf(gguf_path).metadata, gguf_path.name)  # (no model to load)
     ids = tokenizer.encode(TEXT)[:128]
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                 dtype=torch.float32).eval()
+    with one_parse():
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                     dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].numpy()
         facts = {}

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from hf_gguf import one_parse
 from test_chat import replay
 
 import inferno
@@ -34,7 +35,8 @@ def engine(gguf_path):
 @pytest.fixture(scope="module")
 def hf_tokenizer(gguf_path):
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    with one_parse():
+        return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
 
 
 def test_config_from_metadata(engine):
@@ -125,8 +127,9 @@ def test_logits_match_transformers_on_the_same_gguf(engine, gguf_path, hf_tokeni
     want_ids = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     assert ids == list(getattr(want_ids, "input_ids", want_ids))
 
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                 dtype=torch.float32)
+    with one_parse():
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                     dtype=torch.float32)
     with torch.no_grad():
         want = model(torch.tensor([ids])).logits[0].numpy()
     got = engine.logits(ids)

@@ -16,6 +16,7 @@ import random
 
 import numpy as np
 import pytest
+from hf_gguf import one_parse
 import tiny_spm
 from transformers import AutoTokenizer
 
@@ -62,7 +63,8 @@ def stream(tok, ids) -> list[str]:
 def gemma():
     path = resolve("gemma3-270m")
     ours = tokenizer_from_gguf(read_gguf(path).metadata, path.name)
-    theirs = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    with one_parse():
+        theirs = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return ours, theirs
 
 
