@@ -113,13 +113,13 @@ class Bench:
         """Median seconds per call of fn(slot) over slots 0..n_slots-1, each timed unit one pass
         over all slots. CUDA: a graph of one pass, replayed between events (no launch gaps); a
         capture that fails is an error, not an eager timing in disguise. CPU: wall clock."""
-        for i in range(min(2, n_slots)):
-            fn(i)  # compile and warm up
-        if not self.cuda:
+        if not self.cuda:  # (Triton's interpreter or torch on the CPU: nothing to compile first)
             t = time.perf_counter()
             for i in range(n_slots):
                 fn(i)
             return (time.perf_counter() - t) / n_slots, "wall"
+        for i in range(min(2, n_slots)):
+            fn(i)  # compile and warm up
         torch.cuda.synchronize()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

@@ -188,12 +188,15 @@ def pytest_collection_modifyitems(config, items):
 def _mark_slow(items):
     import inspect
 
+    sources = {}  # (a function's parametrized items share its source: each read once)
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1]
-        try:
-            source = inspect.getsource(item.function)
-        except (OSError, TypeError):
-            source = ""
+        if item.function not in sources:
+            try:
+                sources[item.function] = inspect.getsource(item.function)
+            except (OSError, TypeError):
+                sources[item.function] = ""
+        source = sources[item.function]
         marks = set()
         if module in REAL_MODEL_MODULES or REAL_MODEL_FIXTURES & set(item.fixturenames) or 'resolve("' in source:
             marks.add("real_model")
