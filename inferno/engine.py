@@ -165,7 +165,7 @@ class Engine:
         self.plan, self.helper = ahead, None
         self.replies = Replies()  # every request's reply, for suffix drafts (draft.py)
         self.draft: Engine | None = None  # a draft model (load's `draft`), for spec_type "draft"
-        if warm_up:
+        if warm_up and ops.warms_up:
             self._load_warm_up(ops, ahead)
         # The tracer goes on after the warm-up, so its histogram holds only the user's calls.
         self.ops = self.model.ops = TracingBackend(ops) if trace else ops

@@ -88,6 +88,10 @@ class Backend:
     device = "cpu"
     default_cache_type = "f32"  # what kv_buffer stores when not told (see CACHE_TYPES)
     device_step = False  # whether decode_graphs gives a runner: decode steps sampled on the device
+    # Whether a load's warm-up saves a reply work (Engine._load_warm_up): kernels to compile,
+    # libraries or device state that load on first use. The numpy reference (cpu.py) has none:
+    # its warm-up was a dozen steps of arithmetic, seconds for a real model.
+    warms_up = True
     # Whether the model sends every row of a cached step through decode_attention (with flash
     # attention on, the default), a prefill's rows as a decode's, because this backend's decode attention is the same sum for a row
     # whatever rows share its step. With products that compute a row alike for one row or many
@@ -202,13 +206,30 @@ class Backend:
         QuantTensor is dequantised QUANT_TILE weights at a time, so memory stays bounded."""
         if not isinstance(w, QuantTensor):
             return x @ w.T
-        rows, cols = w.shape
-        out = np.empty((x.shape[0], rows), dtype=np.float32)  # [rows of x, out]
-        step = max(1, QUANT_TILE // cols)
-        for r0 in range(0, rows, step):
-            r1 = min(r0 + step, rows)
-            out[:, r0:r1] = x @ w.dequantize(r0, r1).T
+        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)  # [rows of x, out]
+        for r0, r1, tile in self._tiles(w):
+            out[:, r0:r1] = x @ tile.T
         return out
+
+    # Bytes of dequantised tiles a backend keeps for its next calls: gguf-py's dequantisation is
+    # most of a decode step here, so a real model's weights, where they fit, are dequantised once
+    # rather than at every step (the same tiles, so the same products). Past it, made and dropped.
+    KEEP_DEQUANTISED = 1 << 30
+
+    def _tiles(self, w: QuantTensor):
+        """(r0, r1, w's rows r0:r1 dequantised) for the tiles of QUANT_TILE weights, in order."""
+        kept = self.__dict__.setdefault("_dequantised", {})  # id(w) -> (w, its tiles)
+        if id(w) in kept:
+            return kept[id(w)][1]
+        rows, cols = w.shape
+        step = max(1, QUANT_TILE // cols)
+        bounds = [(r0, min(r0 + step, rows)) for r0 in range(0, rows, step)]
+        used = sum(t.nbytes for _, tiles in kept.values() for *_, t in tiles)
+        if used + 4 * rows * cols > self.KEEP_DEQUANTISED:
+            return ((r0, r1, w.dequantize(r0, r1)) for r0, r1 in bounds)
+        tiles = [(r0, r1, w.dequantize(r0, r1)) for r0, r1 in bounds]
+        kept[id(w)] = (w, tiles)  # (w kept alive with them: its id stays its own)
+        return tiles
 
     def linear_many(self, x, ws):
         """[linear(x, w) for w in ws]: several weights applied to one input (q/k/v, gate/up), which

@@ -6,3 +6,4 @@ from inferno.backends.base import Backend
 
 class CpuBackend(Backend):
     name = "cpu"
+    warms_up = False  # (numpy's own code: nothing compiles or loads on first use)
