@@ -128,13 +128,13 @@ def test_reasoning_content_shows_apart_and_folds_once_answered(page):
 
 
 def test_stop_ends_the_reply_and_frees_the_slot(page, server, monkeypatch):
-    engine = server[1].batch.engine
-    run = engine.model.run
-    monkeypatch.setattr(engine.model, "run", lambda *a, **k: (time.sleep(0.05), run(*a, **k))[1])
     story = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story"}], "temperature": 0,
              "max_tokens": 400}
     assert httpx.post(server[0] + "/v1/chat/completions", json=story, timeout=60).json()["choices"][0][
         "finish_reason"] == "length"  # greedy, it would run to the end: only the button stops it
+    engine = server[1].batch.engine
+    run = engine.model.run  # each step slowed, so that the button comes while the reply runs
+    monkeypatch.setattr(engine.model, "run", lambda *a, **k: (time.sleep(0.05), run(*a, **k))[1])
     settings(page, max_tokens=400, temperature=0)
     ask(page, "Tell me a long story")
     page.wait_for_function("document.querySelectorAll('.msg.assistant .body')[0]?.textContent.length > 3")

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
+import pytest
 import ray
 from ray import serve
 
@@ -16,10 +17,10 @@ from inferno.serve.app import ServerConfig
 from inferno.serve.ray_app import deployment, routed_deployment
 
 
-@contextmanager
-def two_replicas(build, config: ServerConfig):
-    """A local Ray cluster of 2 CPUs serving `build(config, replicas=2, cpus=1)`, both replicas
-    running: the `openai` client of its URL."""
+@pytest.fixture(scope="module")
+def ray_port():
+    """A local Ray cluster of 2 CPUs with Serve's HTTP proxy on a free port, for the module's
+    tests (a cluster's start and stop are most of a test's time)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -27,17 +28,27 @@ def two_replicas(build, config: ServerConfig):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build(config, replicas=2, cpus=1), name="inferno", route_prefix="/")
-        assert serve.status().applications["inferno"].deployments["inferno"].replica_states == {"RUNNING": 2}
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        yield port
     finally:
         serve.shutdown()
         ray.shutdown()
 
 
-def test_two_replicas_behind_ray_serve(qwen3_dir):
+@contextmanager
+def two_replicas(port: int, build, config: ServerConfig):
+    """`build(config, replicas=2, cpus=1)` served on the cluster, both replicas running: the
+    `openai` client of its URL. The application is deleted after, its replicas with it."""
+    serve.run(build(config, replicas=2, cpus=1), name="inferno", route_prefix="/")
+    try:
+        assert serve.status().applications["inferno"].deployments["inferno"].replica_states == {"RUNNING": 2}
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    finally:
+        serve.delete("inferno")
+
+
+def test_two_replicas_behind_ray_serve(ray_port, qwen3_dir):
     config = ServerConfig(model=str(qwen3_dir), model_id="tiny", parallel=2, ctx_size=128)
-    with two_replicas(deployment, config) as client:
+    with two_replicas(ray_port, deployment, config) as client:
         ask = dict(model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0)
 
         def chat(stream: bool) -> str:
@@ -52,7 +63,7 @@ def test_two_replicas_behind_ray_serve(qwen3_dir):
         assert [m.id for m in client.models.list()] == ["tiny"]
 
 
-def test_the_prefix_router_sends_each_turn_where_its_prefix_is(qwen3_dir):
+def test_the_prefix_router_sends_each_turn_where_its_prefix_is(ray_port, qwen3_dir):
     """Two replicas behind the gateway: four conversations of three turns, each turn resending
     its history. Every later turn lands on the replica that served the earlier ones, so its
     history comes from that replica's slots (cached_tokens at least the last turn's prompt);
@@ -60,7 +71,7 @@ def test_the_prefix_router_sends_each_turn_where_its_prefix_is(qwen3_dir):
     cached. Streaming passes through the gateway as a stream."""
     # four slots a replica: all four conversations fit on either, so no prefix is evicted
     config = ServerConfig(model=str(qwen3_dir), model_id="tiny", parallel=4, ctx_size=512)
-    with two_replicas(routed_deployment, config) as client:
+    with two_replicas(ray_port, routed_deployment, config) as client:
         def conversation(k: int) -> list[tuple[int, int]]:
             history, seen = [{"role": "system", "content": f"You are assistant number {k}. " * 4}], []
             for turn in range(3):
