@@ -5,7 +5,8 @@ A backend owns its tensor type and decides how each operation runs. The model
 tracing backend count every call. Tensors are 2-D `[rows, features]` unless said otherwise;
 weights keep the Hugging Face `[out, in]` layout.
 
-The defaults here operate on float32 numpy arrays: the `cpu` backend is this class unchanged.
+The defaults here operate on float32 numpy arrays: the `cpu` backend is this class, its every op
+unchanged (it only skips a load's warm-up, which has nothing to do for it).
 A backend with another tensor type (torch) overrides every op.
 """
 
