@@ -361,3 +361,20 @@ def test_heavy_tailed_inputs_are_marked(tmp_path, tied):
     for layer in m.layers:
         assert layer.o_proj.outlier_inputs and layer.down_proj.outlier_inputs
         assert not any(w.outlier_inputs for w in layer.qkv + layer.gate_up)
+
+
+def test_the_reference_keeps_dequantised_tiles_within_its_budget():
+    """The numpy reference's linear keeps a weight's dequantised tiles for its next call, and a
+    weight past its budget is dequantised at each call as before: the same products either way."""
+    w = random_blocks("Q4_K", 48, 512, seed=4)
+    x = np.random.default_rng(4).standard_normal((3, 512), dtype=np.float32)
+    want = x @ w.dequantize().T
+    kept = CpuBackend()
+    first, again = kept.linear(x, w), kept.linear(x, w)
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-4)
+    assert list(kept._dequantised) == [id(w)] and kept._dequantised_bytes == 4 * 48 * 512
+    tight = CpuBackend()
+    tight.KEEP_DEQUANTISED = 4 * 48 * 512 - 1
+    np.testing.assert_array_equal(tight.linear(x, w), first)
+    assert not tight._dequantised

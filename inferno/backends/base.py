@@ -225,12 +225,13 @@ class Backend:
         rows, cols = w.shape
         step = max(1, QUANT_TILE // cols)
         bounds = [(r0, min(r0 + step, rows)) for r0 in range(0, rows, step)]
-        used = sum(t.nbytes for _, tiles in kept.values() for *_, t in tiles)
-        if used + 4 * rows * cols > self.KEEP_DEQUANTISED:
-            return ((r0, r1, w.dequantize(r0, r1)) for r0, r1 in bounds)
-        tiles = [(r0, r1, w.dequantize(r0, r1)) for r0, r1 in bounds]
-        kept[id(w)] = (w, tiles)  # (w kept alive with them: its id stays its own)
-        return tiles
+        tiles = ((r0, r1, w.dequantize(r0, r1)) for r0, r1 in bounds)
+        used = self.__dict__.get("_dequantised_bytes", 0) + 4 * rows * cols  # (float32 tiles)
+        if used > self.KEEP_DEQUANTISED:
+            return tiles
+        self._dequantised_bytes = used
+        kept[id(w)] = (w, list(tiles))  # (w kept alive with them: its id stays its own)
+        return kept[id(w)][1]
 
     def linear_many(self, x, ws):
         """[linear(x, w) for w in ws]: several weights applied to one input (q/k/v, gate/up), which
